@@ -1,0 +1,25 @@
+"""Settings shared by every test in the monorepo."""
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+# deadline=None: distributed examples and first-call imports vary too much in time for a
+# per-example deadline to mean anything. `HYPOTHESIS_PROFILE=thorough` for a long hunt.
+settings.register_profile(
+    "default",
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "thorough",
+    max_examples=3000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+# CI runs derandomized so that a red run is reproducible and never a coin toss.
+settings.register_profile("ci", parent=settings.get_profile("default"), derandomize=True)
+settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default")
+)

@@ -1,0 +1,159 @@
+"""The project's front door: `nox -s <session>`.
+
+CPU sessions pin torch==2.13.0 (the CPU build); pass `--torch=VERSION` after `--` to test
+another, e.g. `nox -s tests -- --torch=2.12.0`. Every other argument after `--` goes to pytest
+(or to the benchmark script, for `bench`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+# Dependency order: metadata <- reshard <- {fsdp, torchrec}. Packages not written yet are skipped.
+PACKAGE_ORDER = ("metadata", "reshard", "fsdp", "torchrec")
+DEFAULT_TORCH = "2.13.0"
+TEST_DEPS = ("pytest>=8", "hypothesis>=6.100", "pytest-timeout", "pytest-xdist")
+TORCHREC_DEPS = (
+    "fbgemm-gpu-cpu==1.8.0",
+    "tensordict",
+    "torchmetrics==1.0.3",
+    "tqdm",
+    "pyre-extensions",
+)
+
+nox.options.sessions = ["tests", "conformance", "lint", "typecheck", "spec"]
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = False
+
+
+def packages() -> list[Path]:
+    return [ROOT / "packages" / n for n in PACKAGE_ORDER if (ROOT / "packages" / n).is_dir()]
+
+
+def split_args(session: nox.Session) -> tuple[str, list[str]]:
+    torch_version = DEFAULT_TORCH
+    rest: list[str] = []
+    for arg in session.posargs:
+        if arg.startswith("--torch="):
+            torch_version = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    return torch_version, rest
+
+
+def install_stack(session: nox.Session, *extra: str) -> list[str]:
+    """Install torch (pinned), the test tools and every package, editable; return posargs."""
+    torch_version, rest = split_args(session)
+    # torch first and alone: with the pin satisfied, nothing later can pull a CUDA build.
+    session.install(f"torch=={torch_version}")
+    session.install(*TEST_DEPS, *extra)
+    editable: list[str] = []
+    for pkg in packages():
+        editable += ["-e", str(pkg)]
+    session.install(*editable)
+    return rest
+
+
+def run_pytest(session: nox.Session, *args: str) -> None:
+    # pytest exits 5 when it collected nothing; a package with no tests yet must not pass
+    # silently, so that stays a failure.
+    session.run("python", "-m", "pytest", *args)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Unit and property tests of every package."""
+    rest = install_stack(session)
+    test_dirs = [str(p / "tests") for p in packages() if (p / "tests").is_dir()]
+    if (ROOT / "conformance" / "meta").is_dir():
+        test_dirs.append("conformance/meta")
+    run_pytest(session, *test_dirs, *rest)
+
+
+@nox.session
+def conformance(session: nox.Session) -> None:
+    """The conformance suite against shardspec, on gloo ranks (world sizes 1-4)."""
+    rest = install_stack(session)
+    session.env["SHARDSPEC_IMPL"] = "shardspec"
+    run_pytest(session, "conformance/tests", *rest)
+
+
+@nox.session
+def conformance_upstream(session: nox.Session) -> None:
+    """The conformance suite against upstream torch; writes conformance-report.{md,json}."""
+    rest = install_stack(session)
+    session.env["SHARDSPEC_IMPL"] = "torch"
+    session.run(
+        "python", "-m", "conformance.report", "--out", "conformance-report", *rest
+    )
+
+
+@nox.session
+def conformance_gpu(session: nox.Session) -> None:
+    """The conformance suite on NCCL, one GPU per rank, under torchrun."""
+    _, rest = split_args(session)
+    probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    python = shutil.which("python3") or "python3"
+    try:
+        import subprocess
+
+        count = int(subprocess.run([python, "-c", probe], capture_output=True, text=True,
+                                   check=False).stdout.strip() or 0)
+    except ValueError:
+        count = 0
+    if count < 2:
+        session.skip(f"conformance_gpu needs at least 2 CUDA GPUs; this machine has {count}")
+    session.install("torch")  # the CUDA build: no CPU pin on a GPU node
+    session.install(*TEST_DEPS)
+    for pkg in packages():
+        session.install("-e", str(pkg))
+    session.env["SHARDSPEC_IMPL"] = "shardspec"
+    session.env["SHARDSPEC_BACKEND"] = "nccl"
+    run_pytest(session, "conformance/tests", *rest)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff: lint and formatting."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict on every package's src/."""
+    install_stack(session, "mypy>=1.10", "numpy")
+    srcs = [str(p / "src") for p in packages()]
+    session.run("mypy", *srcs)
+
+
+@nox.session
+def spec(session: nox.Session) -> None:
+    """Traceability: every rule in spec/ has a test, every test cites an existing rule."""
+    args = ["--check"] if os.environ.get("CI") else []
+    session.run("python", "spec/trace.py", *args, *session.posargs, external=True)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks, reported as ratios against baselines measured in the same run."""
+    rest = install_stack(session)
+    scripts = sorted(str(p) for pkg in packages() for p in (pkg / "benchmarks").glob("bench_*.py"))
+    scripts += sorted(str(p) for p in (ROOT / "conformance").glob("bench_*.py"))
+    for script in scripts:
+        session.run("python", script, *rest)
+
+
+@nox.session
+def torchrec(session: nox.Session) -> None:
+    """TorchRec 1.8 on CPU: the shardspec.torchrec tests and conformance area with it."""
+    rest = install_stack(session)
+    session.install(*TORCHREC_DEPS)
+    session.install("--no-deps", "torchrec==1.8.0")
+    run_pytest(session, "packages/torchrec/tests", "conformance/tests", "-k", "torchrec", *rest)

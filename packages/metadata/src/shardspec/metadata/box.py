@@ -1,0 +1,166 @@
+"""Boxes: half-open intervals per dimension (offsets + sizes)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from .errors import LayoutError
+
+__all__ = ["Box", "as_index_tuple"]
+
+
+def as_index_tuple(values: Iterable[Any], what: str) -> tuple[int, ...]:
+    """Return ``values`` as a tuple of non-negative Python ints, refusing anything else.
+
+    bool is refused because ``True`` silently passing as ``1`` hides swapped arguments, and
+    floats are refused because a layout with ``2.0`` rows is a bug upstream of us.
+    """
+    out: list[int] = []
+    for v in values:
+        if isinstance(v, bool) or not hasattr(v, "__index__"):
+            raise LayoutError(f"{what} must be integers, got {v!r} in {tuple(values)!r}")
+        i = v.__index__()
+        if i < 0:
+            raise LayoutError(f"{what} must be non-negative, got {i} in {tuple(values)!r}")
+        out.append(i)
+    return tuple(out)
+
+
+class Box:
+    """An immutable box: for each dim ``d`` the half-open interval
+    ``[offsets[d], offsets[d] + sizes[d])``.
+
+    A box with any size 0 is empty: it holds no element and overlaps nothing. A 0-d tensor
+    has exactly one box, ``Box((), ())``, which holds its one element.
+    """
+
+    __slots__ = ("_hash", "offsets", "sizes")
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+    def __init__(self, offsets: Sequence[int], sizes: Sequence[int]) -> None:
+        offs = as_index_tuple(offsets, "Box offsets")
+        szs = as_index_tuple(sizes, "Box sizes")
+        if len(offs) != len(szs):
+            raise LayoutError(
+                f"Box offsets {offs} and sizes {szs} have different lengths "
+                f"({len(offs)} vs {len(szs)})"
+            )
+        object.__setattr__(self, "offsets", offs)
+        object.__setattr__(self, "sizes", szs)
+        object.__setattr__(self, "_hash", hash((offs, szs)))
+
+    @classmethod
+    def _trusted(cls, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> Box:
+        # Hot paths (chunk rule, planners) build millions of boxes from arithmetic that is
+        # already known to give non-negative ints; skipping the checks there halves the cost.
+        b = object.__new__(cls)
+        object.__setattr__(b, "offsets", offsets)
+        object.__setattr__(b, "sizes", sizes)
+        object.__setattr__(b, "_hash", hash((offsets, sizes)))
+        return b
+
+    @classmethod
+    def from_bounds(cls, starts: Sequence[int], stops: Sequence[int]) -> Box:
+        """The box ``[starts[d], stops[d])`` in every dim."""
+        if len(starts) != len(stops):
+            raise LayoutError(f"starts {tuple(starts)} and stops {tuple(stops)} differ in length")
+        if any(b < a for a, b in zip(starts, stops)):
+            raise LayoutError(f"stops {tuple(stops)} lie before starts {tuple(starts)}")
+        return cls(starts, [b - a for a, b in zip(starts, stops)])
+
+    @classmethod
+    def full(cls, shape: Sequence[int]) -> Box:
+        """The box covering a whole tensor of ``shape``."""
+        return cls((0,) * len(shape), shape)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Box is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("Box is immutable")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Box, (self.offsets, self.sizes))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Box):
+            return NotImplemented
+        return self.offsets == other.offsets and self.sizes == other.sizes
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __lt__(self, other: Box) -> bool:
+        return (self.offsets, self.sizes) < (other.offsets, other.sizes)
+
+    def __repr__(self) -> str:
+        return f"Box(offsets={self.offsets}, sizes={self.sizes})"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def stops(self) -> tuple[int, ...]:
+        """Exclusive upper bound per dim."""
+        return tuple(o + s for o, s in zip(self.offsets, self.sizes))
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.sizes)
+
+    @property
+    def is_empty(self) -> bool:
+        return 0 in self.sizes
+
+    def slices(self) -> tuple[slice, ...]:
+        """Index a global tensor with this to get the box's elements."""
+        return tuple(slice(o, o + s) for o, s in zip(self.offsets, self.sizes))
+
+    def contains_point(self, point: Sequence[int]) -> bool:
+        return all(o <= p < o + s for p, o, s in zip(point, self.offsets, self.sizes))
+
+    def fits_in(self, shape: Sequence[int]) -> bool:
+        """True when the box lies within a tensor of ``shape`` (empty boxes included)."""
+        return len(shape) == self.ndim and all(
+            o + s <= n for o, s, n in zip(self.offsets, self.sizes, shape)
+        )
+
+    def intersect(self, other: Box) -> Box | None:
+        """The common part of two boxes, or None when they share no element.
+
+        Empty boxes share no element with anything, so the result is never an empty box.
+        """
+        if self.ndim != other.ndim:
+            raise LayoutError(f"cannot intersect {self} with {other}: ndim differs")
+        offs: list[int] = []
+        sizes: list[int] = []
+        for a, sa, b, sb in zip(self.offsets, self.sizes, other.offsets, other.sizes):
+            lo = a if a > b else b
+            hi = min(a + sa, b + sb)
+            if hi <= lo:
+                return None
+            offs.append(lo)
+            sizes.append(hi - lo)
+        return Box._trusted(tuple(offs), tuple(sizes))
+
+    def overlaps(self, other: Box) -> bool:
+        return self.intersect(other) is not None
+
+    def relative_to(self, outer: Box) -> Box:
+        """This box in the coordinates of ``outer`` (which must contain it)."""
+        if not all(
+            o >= oo and o + s <= oo + os_
+            for o, s, oo, os_ in zip(self.offsets, self.sizes, outer.offsets, outer.sizes)
+        ) or self.ndim != outer.ndim:
+            raise LayoutError(f"{self} does not lie inside {outer}")
+        return Box._trusted(
+            tuple(o - oo for o, oo in zip(self.offsets, outer.offsets)), self.sizes
+        )
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        """Iterate (offset, size) per dim."""
+        return iter(zip(self.offsets, self.sizes))

@@ -1,0 +1,53 @@
+"""The ``torch.chunk`` rule and the layouts it produces."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .box import Box, as_index_tuple
+from .errors import LayoutError
+from .layout import Layout, Shard
+
+__all__ = ["chunk_bounds", "chunk_layout", "chunk_size"]
+
+
+def chunk_size(n: int, k: int) -> int:
+    """``torch.chunk``'s split size: ceil(n / k)."""
+    if k <= 0:
+        raise LayoutError(f"cannot chunk into {k} pieces: the number of chunks must be positive")
+    return -(-n // k)
+
+
+def chunk_bounds(n: int, k: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` of each of the ``k`` chunks of a dim of size ``n``.
+
+    Chunk ``i`` is ``[min(i*split, n), min((i+1)*split, n))`` with ``split = ceil(n / k)``:
+    ``torch.chunk``'s pieces in order, then empty chunks at offset ``n`` for the ranks
+    ``torch.chunk`` gives nothing (it returns fewer than ``k`` pieces when ``n`` is small).
+    """
+    split = chunk_size(n, k)
+    return [(min(i * split, n), min((i + 1) * split, n)) for i in range(k)]
+
+
+def chunk_layout(shape: Sequence[int], dim: int, ranks: Sequence[int]) -> Layout:
+    """The layout of ``torch.chunk(t, len(ranks), dim)`` with chunk ``i`` on ``ranks[i]``.
+
+    Every rank gets exactly one box; ranks past the data get an empty box at offset
+    ``shape[dim]``. A 0-d tensor cannot be chunked.
+    """
+    shp = as_index_tuple(shape, "shape")
+    nd = len(shp)
+    if not -nd <= dim < nd or nd == 0:
+        raise LayoutError(f"dim {dim} is out of range for shape {shp} (ndim {nd})")
+    dim %= nd
+    rks = as_index_tuple(ranks, "ranks")
+    if not rks:
+        raise LayoutError("chunk_layout needs at least one rank")
+    if len(set(rks)) != len(rks):
+        raise LayoutError(f"ranks {rks} name a rank twice; a chunk layout owns one box per rank")
+    shards = []
+    for (start, stop), rank in zip(chunk_bounds(shp[dim], len(rks)), rks):
+        offsets = (0,) * dim + (start,) + (0,) * (nd - dim - 1)
+        sizes = shp[:dim] + (stop - start,) + shp[dim + 1 :]
+        shards.append(Shard(Box._trusted(offsets, sizes), rank))
+    return Layout(shp, shards)

@@ -1,0 +1,150 @@
+"""Shards and layouts: a global shape and the boxes each rank owns."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .box import Box, as_index_tuple
+from .errors import LayoutError
+
+__all__ = ["Layout", "Shard"]
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One box of a layout and the rank that holds it."""
+
+    box: Box
+    rank: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.box, Box):
+            raise LayoutError(f"Shard.box must be a Box, got {self.box!r}")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+            raise LayoutError(f"Shard.rank must be a non-negative int, got {self.rank!r}")
+
+    def __repr__(self) -> str:
+        return f"Shard(rank={self.rank}, offsets={self.box.offsets}, sizes={self.box.sizes})"
+
+
+class Layout:
+    """A global shape and the shards (box + owning rank) that make up the tensor.
+
+    The order of ``shards`` is kept: a rank that owns several boxes stores them in this order
+    (its local storage order). Equality ignores the order: two layouts are equal when they have
+    the same shape and the same multiset of (box, rank) pairs, so that the same sharding written
+    two ways compares equal.
+
+    Construction checks types only; call :meth:`validate` for the layout rules.
+    """
+
+    __slots__ = ("_by_rank", "_counter", "shape", "shards")
+    shape: tuple[int, ...]
+    shards: tuple[Shard, ...]
+
+    def __init__(self, shape: Sequence[int], shards: Iterable[Shard]) -> None:
+        object.__setattr__(self, "shape", as_index_tuple(shape, "Layout shape"))
+        shards_t = tuple(shards)
+        for i, s in enumerate(shards_t):
+            if not isinstance(s, Shard):
+                raise LayoutError(f"Layout shard #{i} must be a Shard, got {s!r}")
+        object.__setattr__(self, "shards", shards_t)
+        object.__setattr__(self, "_counter", None)
+        object.__setattr__(self, "_by_rank", None)
+
+    @classmethod
+    def from_boxes(cls, shape: Sequence[int], boxes: Iterable[tuple[Box, int]]) -> Layout:
+        """Build from ``(box, rank)`` pairs."""
+        return cls(shape, (Shard(b, r) for b, r in boxes))
+
+    @classmethod
+    def replicated(cls, shape: Sequence[int], ranks: Iterable[int]) -> Layout:
+        """Every rank in ``ranks`` holds the whole tensor."""
+        full = Box.full(as_index_tuple(shape, "Layout shape"))
+        return cls(shape, (Shard(full, r) for r in ranks))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Layout is immutable")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Layout, (self.shape, self.shards))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """The ranks that own at least one box (empty boxes included), ascending."""
+        return tuple(sorted(self._rank_index()))
+
+    def shards_of(self, rank: int) -> tuple[Shard, ...]:
+        """The shards ``rank`` holds, in local storage order (empty if none)."""
+        return self._rank_index().get(rank, ())
+
+    def boxes_of(self, rank: int) -> tuple[Box, ...]:
+        return tuple(s.box for s in self.shards_of(rank))
+
+    def _rank_index(self) -> dict[int, tuple[Shard, ...]]:
+        if self._by_rank is None:
+            grouped: dict[int, list[Shard]] = {}
+            for s in self.shards:
+                grouped.setdefault(s.rank, []).append(s)
+            object.__setattr__(self, "_by_rank", {r: tuple(v) for r, v in grouped.items()})
+        assert self._by_rank is not None
+        return self._by_rank  # type: ignore[no-any-return]
+
+    def _multiset(self) -> Counter[tuple[Box, int]]:
+        if self._counter is None:
+            object.__setattr__(self, "_counter", Counter((s.box, s.rank) for s in self.shards))
+        return self._counter  # type: ignore[no-any-return]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Layout):
+            return NotImplemented
+        return self.shape == other.shape and self._multiset() == other._multiset()
+
+    def __hash__(self) -> int:
+        return hash((self.shape, frozenset(self._multiset().items())))
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def __iter__(self) -> Iterator[Shard]:
+        return iter(self.shards)
+
+    def __repr__(self) -> str:
+        if len(self.shards) > 8:
+            body = ", ".join(repr(s) for s in self.shards[:8]) + f", ... ({len(self.shards)} shards)"
+        else:
+            body = ", ".join(repr(s) for s in self.shards)
+        return f"Layout(shape={self.shape}, shards=[{body}])"
+
+    def validate(self) -> Layout:
+        """Check every layout rule; raise :class:`LayoutError` naming the offending shards.
+
+        Returns ``self`` so that ``layout = Layout(...).validate()`` reads naturally.
+        """
+        from .validate import validate_layout
+
+        validate_layout(self)
+        return self
+
+    def is_valid(self) -> bool:
+        try:
+            self.validate()
+        except LayoutError:
+            return False
+        return True
+
+    def with_ranks(self, mapping: dict[int, int] | Sequence[int]) -> Layout:
+        """The same boxes with rank ``r`` renamed to ``mapping[r]``."""
+        return Layout(self.shape, (Shard(s.box, mapping[s.rank]) for s in self.shards))

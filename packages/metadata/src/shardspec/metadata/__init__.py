@@ -10,15 +10,59 @@ from __future__ import annotations
 from .box import Box
 from .chunk import chunk_bounds, chunk_layout, chunk_size
 from .errors import ConversionError, LayoutError
+from .infer import infer_spec
 from .layout import Layout, Shard
+from .render import render
+from .serialize import layout_from_dict, layout_from_json, layout_to_dict, layout_to_json
+from .specs import ChunkSpec, EnumerableSpec
+
+# Converters to and from torch types import torch; they load on first use so that
+# `import shardspec.metadata` stays torch-free. name -> submodule that defines it.
+_LAZY: dict[str, str] = {
+    "from_shard_metadata": "shard_metadata",
+    "to_shard_metadata": "shard_metadata",
+    "from_sharded_tensor_metadata": "shard_metadata",
+    "to_sharded_tensor_metadata": "shard_metadata",
+    "from_sharding_spec": "shard_metadata",
+    "to_sharding_spec": "shard_metadata",
+    "from_tensor_storage_metadata": "dcp",
+    "to_tensor_storage_metadata": "dcp",
+    "to_chunk_list": "dcp",
+    "chunk_owners": "dcp",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "Box",
+    "ChunkSpec",
     "ConversionError",
+    "EnumerableSpec",
     "Layout",
     "LayoutError",
     "Shard",
     "chunk_bounds",
     "chunk_layout",
     "chunk_size",
+    "infer_spec",
+    "layout_from_dict",
+    "layout_from_json",
+    "layout_to_dict",
+    "layout_to_json",
+    "render",
+    *_LAZY,
 ]

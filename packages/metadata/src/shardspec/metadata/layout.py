@@ -123,7 +123,9 @@ class Layout:
 
     def __repr__(self) -> str:
         if len(self.shards) > 8:
-            body = ", ".join(repr(s) for s in self.shards[:8]) + f", ... ({len(self.shards)} shards)"
+            body = (
+                ", ".join(repr(s) for s in self.shards[:8]) + f", ... ({len(self.shards)} shards)"
+            )
         else:
             body = ", ".join(repr(s) for s in self.shards)
         return f"Layout(shape={self.shape}, shards=[{body}])"
@@ -144,6 +146,12 @@ class Layout:
         except LayoutError:
             return False
         return True
+
+    def render(self) -> str:
+        """A text picture of which rank holds which region (see :func:`render`)."""
+        from .render import render
+
+        return render(self)
 
     def with_ranks(self, mapping: dict[int, int] | Sequence[int]) -> Layout:
         """The same boxes with rank ``r`` renamed to ``mapping[r]``."""

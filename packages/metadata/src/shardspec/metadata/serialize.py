@@ -1,0 +1,159 @@
+"""The versioned JSON form of a layout: how layouts travel between processes and files.
+
+    {"format": "shardspec.layout", "version": 1, "shape": [4, 6],
+     "shards": [{"rank": 0, "offsets": [0, 0], "sizes": [2, 6]}, ...]}
+
+Reading is strict (spec/04-convert.md): an unknown format or version, a missing or extra key,
+a duplicate key, a bool, float or negative number is refused with a :class:`LayoutError` that
+names the JSON path of the bad field (``$.shards[3].sizes[1]``). Nothing is ever unpickled.
+The reader checks structure, not the layout rules: call ``validate()`` on the result for those.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NoReturn
+
+from .box import Box
+from .errors import LayoutError
+from .layout import Layout, Shard
+
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "from_dict",
+    "layout_from_dict",
+    "layout_from_json",
+    "layout_to_dict",
+    "layout_to_json",
+    "to_dict",
+]
+
+FORMAT = "shardspec.layout"
+VERSION = 1
+_TOP_KEYS = ("format", "version", "shape", "shards")
+_SHARD_KEYS = ("rank", "offsets", "sizes")
+_SHARD_KEYSET = frozenset(_SHARD_KEYS)
+
+
+def layout_to_dict(layout: Layout) -> dict[str, Any]:
+    """The JSON-ready dict of ``layout``; shard order is kept."""
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "shape": list(layout.shape),
+        "shards": [
+            {"rank": s.rank, "offsets": list(s.box.offsets), "sizes": list(s.box.sizes)}
+            for s in layout.shards
+        ],
+    }
+
+
+def layout_to_json(layout: Layout) -> str:
+    """Compact JSON text; the same layout (same shard order) always gives the same text."""
+    return json.dumps(layout_to_dict(layout), separators=(",", ":"))
+
+
+def layout_from_json(text: str | bytes) -> Layout:
+    """Parse the JSON form written by :func:`layout_to_json`, strictly."""
+    if not isinstance(text, (str, bytes, bytearray)):
+        raise LayoutError(f"layout JSON must be str or bytes, got {type(text).__name__}")
+    try:
+        data = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant)
+    except _DuplicateKey as e:
+        raise LayoutError(f"layout JSON: duplicate key {e.args[0]!r} in an object") from None
+    except ValueError as e:  # json.JSONDecodeError, and NaN/Infinity from _no_constant
+        raise LayoutError(f"layout JSON is not valid JSON: {e}") from None
+    return layout_from_dict(data)
+
+
+def layout_from_dict(data: Any) -> Layout:
+    """Build a layout from the dict form, strictly (see the module docstring)."""
+    _check_keys(data, _TOP_KEYS, "$")
+    if data["format"] != FORMAT:
+        raise LayoutError(f"layout JSON: $.format must be {FORMAT!r}, got {data['format']!r}")
+    version = data["version"]
+    if type(version) is not int or version != VERSION:
+        raise LayoutError(
+            f"layout JSON: $.version must be {VERSION} (this reader knows version {VERSION} "
+            f"only), got {version!r}"
+        )
+    shape = _ints(data["shape"], "$.shape")
+    shards_in = data["shards"]
+    if type(shards_in) is not list:
+        raise LayoutError(f"layout JSON: $.shards must be a list, got {_kind(shards_in)}")
+    shards: list[Shard] = []
+    append = shards.append
+    for i, s in enumerate(shards_in):
+        if type(s) is not dict or s.keys() != _SHARD_KEYSET:
+            _check_keys(s, _SHARD_KEYS, f"$.shards[{i}]")
+        rank = s["rank"]
+        if type(rank) is not int or rank < 0:
+            _bad_int(rank, f"$.shards[{i}].rank")
+        offsets = _ints(s["offsets"], f"$.shards[{i}].offsets")
+        sizes = _ints(s["sizes"], f"$.shards[{i}].sizes")
+        if len(offsets) != len(sizes):
+            raise LayoutError(
+                f"layout JSON: $.shards[{i}] (rank {rank}) has {len(offsets)} offsets but "
+                f"{len(sizes)} sizes",
+                shards=(i,),
+            )
+        # _ints has checked every value, so the box needs no second check.
+        append(Shard(Box._trusted(offsets, sizes), rank))
+    return Layout(shape, shards)
+
+
+to_dict = layout_to_dict
+from_dict = layout_from_dict
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _DuplicateKey(k)
+            seen.add(k)
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _kind(v: Any) -> str:
+    return f"{type(v).__name__} {v!r}" if not isinstance(v, (list, dict)) else type(v).__name__
+
+
+def _check_keys(obj: Any, keys: tuple[str, ...], path: str) -> None:
+    if type(obj) is not dict:
+        raise LayoutError(f"layout JSON: {path} must be an object, got {_kind(obj)}")
+    missing = [k for k in keys if k not in obj]
+    if missing:
+        raise LayoutError(f"layout JSON: {path} is missing key {missing[0]!r}")
+    extra = sorted(str(k) for k in obj if k not in keys)
+    if extra:
+        raise LayoutError(
+            f"layout JSON: {path} has unknown key {extra[0]!r} (allowed: {', '.join(keys)})"
+        )
+
+
+def _ints(value: Any, path: str) -> tuple[int, ...]:
+    if type(value) is not list:
+        raise LayoutError(f"layout JSON: {path} must be a list of integers, got {_kind(value)}")
+    for j, v in enumerate(value):
+        # `type(v) is int` refuses bool (a subclass of int) and float in one test.
+        if type(v) is not int or v < 0:
+            _bad_int(v, f"{path}[{j}]")
+    return tuple(value)
+
+
+def _bad_int(v: Any, path: str) -> NoReturn:
+    if type(v) is int:
+        raise LayoutError(f"layout JSON: {path} must be a non-negative integer, got {v}")
+    raise LayoutError(f"layout JSON: {path} must be a non-negative integer, got {_kind(v)}")

@@ -57,7 +57,7 @@ def test_empty_chunk_layout_hand_worked() -> None:
 @given(chunk_layouts(shapes(min_dims=1, max_side=9), max_ranks=12))
 def test_chunk_layout_is_valid_one_box_per_rank(layout) -> None:  # type: ignore[no-untyped-def]
     layout.validate()
-    assert sorted(s.rank for s in layout.shards) == sorted(set(s.rank for s in layout.shards))
+    assert sorted(s.rank for s in layout.shards) == sorted({s.rank for s in layout.shards})
 
 
 @pytest.mark.rule("CHUNK-3")

@@ -122,7 +122,7 @@ def test_partial_overlap_names_both_shards() -> None:
 def test_replicas_are_identical_boxes_on_other_ranks() -> None:
     L((4,), ((0,), (4,), 0), ((0,), (4,), 1), ((0,), (4,), 2)).validate()
     L((4,), ((0,), (2,), 0), ((2,), (2,), 1), ((0,), (2,), 2), ((2,), (2,), 3)).validate()
-    with pytest.raises(LayoutError, match="same box .* twice on rank 0"):
+    with pytest.raises(LayoutError, match=r"same box .* twice on rank 0"):
         L((4,), ((0,), (4,), 0), ((0,), (4,), 0)).validate()
 
 

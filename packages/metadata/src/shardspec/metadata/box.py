@@ -39,6 +39,7 @@ class Box:
     __slots__ = ("_hash", "offsets", "sizes")
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
+    _hash: int
 
     def __init__(self, offsets: Sequence[int], sizes: Sequence[int]) -> None:
         offs = as_index_tuple(offsets, "Box offsets")
@@ -152,14 +153,15 @@ class Box:
 
     def relative_to(self, outer: Box) -> Box:
         """This box in the coordinates of ``outer`` (which must contain it)."""
-        if not all(
-            o >= oo and o + s <= oo + os_
-            for o, s, oo, os_ in zip(self.offsets, self.sizes, outer.offsets, outer.sizes)
-        ) or self.ndim != outer.ndim:
+        if (
+            not all(
+                o >= oo and o + s <= oo + os_
+                for o, s, oo, os_ in zip(self.offsets, self.sizes, outer.offsets, outer.sizes)
+            )
+            or self.ndim != outer.ndim
+        ):
             raise LayoutError(f"{self} does not lie inside {outer}")
-        return Box._trusted(
-            tuple(o - oo for o, oo in zip(self.offsets, outer.offsets)), self.sizes
-        )
+        return Box._trusted(tuple(o - oo for o, oo in zip(self.offsets, outer.offsets)), self.sizes)
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         """Iterate (offset, size) per dim."""

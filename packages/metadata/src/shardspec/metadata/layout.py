@@ -45,6 +45,8 @@ class Layout:
     __slots__ = ("_by_rank", "_counter", "shape", "shards")
     shape: tuple[int, ...]
     shards: tuple[Shard, ...]
+    _counter: Counter[tuple[Box, int]] | None
+    _by_rank: dict[int, tuple[Shard, ...]] | None
 
     def __init__(self, shape: Sequence[int], shards: Iterable[Shard]) -> None:
         object.__setattr__(self, "shape", as_index_tuple(shape, "Layout shape"))
@@ -100,12 +102,13 @@ class Layout:
                 grouped.setdefault(s.rank, []).append(s)
             object.__setattr__(self, "_by_rank", {r: tuple(v) for r, v in grouped.items()})
         assert self._by_rank is not None
-        return self._by_rank  # type: ignore[no-any-return]
+        return self._by_rank
 
     def _multiset(self) -> Counter[tuple[Box, int]]:
         if self._counter is None:
             object.__setattr__(self, "_counter", Counter((s.box, s.rank) for s in self.shards))
-        return self._counter  # type: ignore[no-any-return]
+        assert self._counter is not None
+        return self._counter
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Layout):

@@ -24,13 +24,17 @@ from __future__ import annotations
 import math
 import sys
 from bisect import bisect_right, insort
+from itertools import chain
 from typing import TYPE_CHECKING
 
 from .box import Box
 from .errors import LayoutError
 
 if TYPE_CHECKING:
-    from .layout import Layout
+    import numpy as np
+    import numpy.typing as npt
+
+    from .layout import Layout, Shard
 
 __all__ = ["validate_layout"]
 
@@ -55,109 +59,140 @@ _Problem = _Overlap | _Gap
 
 
 def validate_layout(layout: Layout) -> None:
+    import numpy as np
+
     shape = layout.shape
     nd = len(shape)
     shards = layout.shards
+    m = len(shards)
 
-    owners: dict[Box, list[int]] = {}  # distinct box -> indices of the shards holding it
     for i, s in enumerate(shards):
-        box = s.box
-        if box.ndim != nd:
+        if len(s.box.sizes) != nd:
             raise LayoutError(
-                f"shard #{i} on rank {s.rank} has {box.ndim} dims but the layout shape "
-                f"{shape} has {nd}: {box}",
+                f"shard #{i} on rank {s.rank} has {s.box.ndim} dims but the layout shape "
+                f"{shape} has {nd}: {s.box}",
                 kind="ndim",
                 shards=(i,),
             )
-        for d in range(nd):
-            if box.offsets[d] + box.sizes[d] > shape[d]:
-                raise LayoutError(
-                    f"shard #{i} on rank {s.rank} is out of bounds in dim {d}: {box} ends at "
-                    f"{box.offsets[d] + box.sizes[d]} but the dim has size {shape[d]} "
-                    f"(layout shape {shape})",
-                    kind="bounds",
-                    shards=(i,),
-                )
-        holders = owners.get(box)
-        if holders is None:
-            owners[box] = [i]
-        else:
-            for j in holders:
-                if shards[j].rank == s.rank:
-                    raise LayoutError(
-                        f"shards #{j} and #{i} are the same box {box} twice on rank {s.rank}",
-                        kind="duplicate",
-                        shards=(j, i),
-                    )
-            holders.append(i)
+    if m == 0:
+        if math.prod(shape) != 0:
+            raise LayoutError(
+                f"the shards do not cover the tensor: element {(0,) * nd} of shape {shape} "
+                f"is held by no shard (the layout has no shards)",
+                kind="gap",
+                point=(0,) * nd,
+            )
+        return
+
+    # One row per shard: offsets, sizes, rank. Everything below is vectorised over rows.
+    width = 2 * nd + 1
+    rows = np.fromiter(
+        chain.from_iterable(s.box.offsets + s.box.sizes + (s.rank,) for s in shards),
+        dtype=np.int64,
+        count=m * width,
+    ).reshape(m, width)
+    offs, sizes = rows[:, :nd], rows[:, nd : 2 * nd]
+    ends = offs + sizes
+
+    if nd:
+        outside = np.nonzero((ends > np.asarray(shape, dtype=np.int64)).any(axis=1))[0]
+        if outside.size:
+            i = int(outside[0])
+            box = shards[i].box
+            d = next(d for d in range(nd) if box.offsets[d] + box.sizes[d] > shape[d])
+            raise LayoutError(
+                f"shard #{i} on rank {shards[i].rank} is out of bounds in dim {d}: {box} ends "
+                f"at {box.offsets[d] + box.sizes[d]} but the dim has size {shape[d]} "
+                f"(layout shape {shape})",
+                kind="bounds",
+                shards=(i,),
+            )
+
+    # Sorting rows by (box, rank) puts replicas of a box next to each other and the same
+    # (box, rank) twice in consecutive rows.
+    order = np.lexsort(rows.T[::-1]) if width > 1 else np.argsort(rows[:, 0], kind="stable")
+    ranked = rows[order]
+    if m > 1:
+        same_row = (ranked[1:] == ranked[:-1]).all(axis=1)
+        if same_row.any():
+            k = int(np.argmax(same_row))
+            i, j = sorted((int(order[k]), int(order[k + 1])))
+            raise LayoutError(
+                f"shards #{i} and #{j} are the same box {shards[i].box} twice on rank "
+                f"{shards[i].rank}",
+                kind="duplicate",
+                shards=(i, j),
+            )
+        new_box = np.ones(m, dtype=bool)
+        new_box[1:] = ~(ranked[1:, : 2 * nd] == ranked[:-1, : 2 * nd]).all(axis=1)
+        distinct = np.sort(order[new_box])
+    else:
+        distinct = order
 
     if math.prod(shape) == 0:
         return  # nothing to cover; every box is empty and in bounds
+    if nd == 0:
+        return  # at least one shard holds Box((), ()): the one element is covered
 
-    distinct = [b for b in owners if not b.is_empty]
-    problem = _find_problem(distinct, shape)
+    distinct = distinct[(sizes[distinct] > 0).all(axis=1)]
+    if distinct.size and _is_exact_grid(offs[distinct], ends[distinct], shape):
+        return
+    picked = [int(i) for i in distinct]
+    bounds = [(shards[i].box.offsets, shards[i].box.stops) for i in picked]
+    if not bounds:
+        problem: _Problem | None = _Gap((0,) * nd)
+    else:
+        problem = _solve(bounds, list(range(len(bounds))), (0,) * nd, shape)
     if problem is None:
         return
     if isinstance(problem, _Gap):
         raise LayoutError(
             f"the shards do not cover the tensor: element {problem.point} of shape {shape} "
-            f"is held by no shard ({len(shards)} shards)",
+            f"is held by no shard ({m} shards)",
             kind="gap",
             point=problem.point,
         )
-    a, b = distinct[problem.a], distinct[problem.b]
-    common = a.intersect(b)
+    a, b = picked[problem.a], picked[problem.b]
+    box_a, box_b = shards[a].box, shards[b].box
     raise LayoutError(
-        f"shards overlap: {_describe(a, owners[a], shards)} and "
-        f"{_describe(b, owners[b], shards)} share {common} (layout shape {shape}); "
-        f"replicas must be identical boxes",
+        f"shards overlap: {_describe(box_a, shards)} and {_describe(box_b, shards)} share "
+        f"{box_a.intersect(box_b)} (layout shape {shape}); replicas must be identical boxes",
         kind="overlap",
-        shards=(owners[a][0], owners[b][0]),
+        shards=(a, b),
     )
 
 
-def _describe(box: Box, holders: list[int], shards: tuple[object, ...]) -> str:
-    ranks = [shards[i].rank for i in holders]  # type: ignore[attr-defined]
+def _describe(box: Box, shards: tuple[Shard, ...]) -> str:
+    holders = [i for i, s in enumerate(shards) if s.box == box]
+    ranks = [shards[i].rank for i in holders]
     idx = ", ".join(f"#{i}" for i in holders)
     who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
     return f"shard {idx} {box} on {who}"
 
 
-def _find_problem(boxes: list[Box], shape: tuple[int, ...]) -> _Problem | None:
-    nd = len(shape)
-    if nd == 0:
-        return None if boxes else _Gap(())
-    if not boxes:
-        return _Gap((0,) * nd)
-    if _is_exact_grid(boxes, shape):
-        return None
-    bounds = [(b.offsets, b.stops) for b in boxes]
-    return _solve(bounds, list(range(len(boxes))), (0,) * nd, shape)
-
-
-def _is_exact_grid(boxes: list[Box], shape: tuple[int, ...]) -> bool:
+def _is_exact_grid(
+    offs: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], shape: tuple[int, ...]
+) -> bool:
     import numpy as np
 
-    m = len(boxes)
-    nd = len(shape)
-    offs = np.fromiter(
-        (o for b in boxes for o in b.offsets), dtype=np.int64, count=m * nd
-    ).reshape(m, nd)
-    ends = offs + np.fromiter(
-        (s for b in boxes for s in b.sizes), dtype=np.int64, count=m * nd
-    ).reshape(m, nd)
+    m, nd = offs.shape
     cells = 1
     for d in range(nd):
-        intervals = np.unique(np.stack([offs[:, d], ends[:, d]], axis=1), axis=0)
-        starts, stops = intervals[:, 0], intervals[:, 1]
-        if starts[0] != 0 or stops[-1] != shape[d] or np.any(starts[1:] != stops[:-1]):
+        n = shape[d]
+        if n < 3_000_000_000:  # (n + 1) ** 2 fits in int64: one sortable key per interval
+            keys = np.unique(offs[:, d] * (n + 1) + ends[:, d])
+            starts, stops = keys // (n + 1), keys % (n + 1)
+        else:
+            pairs = np.unique(np.stack([offs[:, d], ends[:, d]], axis=1), axis=0)
+            starts, stops = pairs[:, 0], pairs[:, 1]
+        if starts[0] != 0 or stops[-1] != n or np.any(starts[1:] != stops[:-1]):
             return False
-        cells *= len(intervals)
+        cells *= len(starts)
         if cells > m:
             return False
     # Distinct boxes map injectively onto cells (each dim's intervals tile the dim), so as many
     # boxes as cells means every cell is taken exactly once.
-    return cells == m
+    return bool(cells == m)
 
 
 def _solve(
@@ -187,7 +222,9 @@ def _solve(
             continue
         d = best_dim
         for start, stop, members in best:
-            stack.append((members, rlo[:d] + (start,) + rlo[d + 1 :], rhi[:d] + (stop,) + rhi[d + 1 :]))
+            stack.append(
+                (members, rlo[:d] + (start,) + rlo[d + 1 :], rhi[:d] + (stop,) + rhi[d + 1 :])
+            )
     return None
 
 

@@ -1,0 +1,87 @@
+"""DTensor placements as plain values, so the layout rules need no torch.
+
+``ShardDim(d)``, ``StridedShardDim(d, split_factor)`` and ``Replicate()`` mirror torch's
+``Shard``, ``_StridedShard`` and ``Replicate``; :func:`from_torch` and :func:`to_torch` convert
+(importing torch only when called).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from shardspec.metadata import LayoutError
+
+__all__ = ["Placement", "Replicate", "ShardDim", "StridedShardDim", "from_torch", "to_torch"]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardDim:
+    """``Shard(dim)``: chunk the current local extent of ``dim`` over the mesh dim."""
+
+    dim: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim < 0:
+            raise LayoutError(f"ShardDim.dim must be a non-negative int, got {self.dim!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class StridedShardDim:
+    """``_StridedShard(dim, split_factor)``: split the current extent of ``dim`` into
+    ``split_factor`` chunks, chunk each of those over the mesh dim, and give coordinate ``c``
+    the ``c``-th piece of every one of them, concatenated."""
+
+    dim: int
+    split_factor: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim < 0:
+            raise LayoutError(f"StridedShardDim.dim must be a non-negative int, got {self.dim!r}")
+        if (
+            isinstance(self.split_factor, bool)
+            or not isinstance(self.split_factor, int)
+            or self.split_factor < 1
+        ):
+            raise LayoutError(
+                f"StridedShardDim.split_factor must be a positive int, got {self.split_factor!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Replicate:
+    """``Replicate()``: every coordinate of the mesh dim holds the same data."""
+
+
+Placement = ShardDim | StridedShardDim | Replicate
+
+
+def from_torch(placement: Any) -> Placement:
+    """Our placement for a torch ``Shard`` / ``_StridedShard`` / ``Replicate``.
+
+    ``Partial`` has no layout (the data is a sum of terms, not a piece) and is refused.
+    """
+    from torch.distributed.tensor import Replicate as TReplicate
+    from torch.distributed.tensor import Shard as TShard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if isinstance(placement, _StridedShard):
+        return StridedShardDim(int(placement.dim), int(placement.split_factor))
+    if isinstance(placement, TShard):
+        return ShardDim(int(placement.dim))
+    if isinstance(placement, TReplicate):
+        return Replicate()
+    raise LayoutError(f"placement {placement!r} has no layout (only Shard/_StridedShard/Replicate)")
+
+
+def to_torch(placement: Placement) -> Any:
+    """The torch placement for one of ours."""
+    from torch.distributed.tensor import Replicate as TReplicate
+    from torch.distributed.tensor import Shard as TShard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if isinstance(placement, StridedShardDim):
+        return _StridedShard(placement.dim, split_factor=placement.split_factor)
+    if isinstance(placement, ShardDim):
+        return TShard(placement.dim)
+    return TReplicate()

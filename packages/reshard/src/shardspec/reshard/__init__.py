@@ -1,0 +1,19 @@
+"""shardspec.reshard: move a sharded tensor from one layout to another.
+
+* :func:`plan` — which piece of which source shard fills each destination shard, and who
+  sends it (pure integers, no torch).
+* :mod:`shardspec.reshard.reference` — the single-process oracle (materialise, then slice).
+* :func:`reshard` / :func:`reshard_state_dict` — the distributed executor (torch.distributed,
+  one ``all_to_all_single`` per round over a flat byte buffer).
+* :mod:`shardspec.reshard.frontends` — ShardedTensor and DTensor front ends.
+
+Importing this package does not import torch; the executor imports it when called.
+"""
+
+from __future__ import annotations
+
+from .errors import ReshardError
+from .executor import reshard, reshard_state_dict
+from .planner import Piece, Plan, plan
+
+__all__ = ["Piece", "Plan", "ReshardError", "plan", "reshard", "reshard_state_dict"]

@@ -1,0 +1,151 @@
+"""The collective checks that run before any data moves.
+
+Every rank all-gathers one fixed-size record: four short digests (keys and shapes, source
+layouts, destination layouts, ``max_buffer_bytes``) and the result of its own input checks.
+Every rank then applies the same rule to the same gathered bytes, so they all raise the same
+:class:`ReshardError`, or all go on. A disagreement therefore ends in an error that names the
+ranks and what they disagree on, never in a hang or a gloo size-mismatch abort. The records
+are bytes, not pickles: nothing another process sends is unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from shardspec.metadata import Layout
+
+from .errors import ReshardError
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+__all__ = ["DIGEST_PARTS", "agree_on_dtypes", "agree_on_inputs", "digests", "dtype_code", "dtype_from_code"]
+
+DIGEST_PARTS = ("keys and shapes", "source layouts", "destination layouts", "max_buffer_bytes")
+_DIGEST = 8
+_MSG = 512 - len(DIGEST_PARTS) * _DIGEST - 5
+_RECORD = 512
+
+_DTYPE_NAMES = (
+    "bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
+    "float64", "complex32", "complex64", "complex128", "uint16", "uint32", "uint64",
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+)
+
+
+def _layout_json(layout: Layout) -> list[Any]:
+    # Shard order is part of the identity here: it is each rank's local storage order.
+    return [list(layout.shape), [[list(s.box.offsets), list(s.box.sizes), s.rank] for s in layout]]
+
+
+def _digest(obj: object) -> bytes:
+    text = json.dumps(obj, separators=(",", ":"), sort_keys=False)
+    return hashlib.blake2b(text.encode(), digest_size=_DIGEST).digest()
+
+
+def digests(
+    keys: Sequence[str],
+    src: Mapping[str, Layout],
+    dst: Mapping[str, Layout],
+    max_buffer_bytes: int | None,
+) -> bytes:
+    """The four digests of what every rank must agree on, concatenated."""
+    return b"".join(
+        [
+            _digest([[k, list(src[k].shape)] for k in keys]),
+            _digest([_layout_json(src[k]) for k in keys]),
+            _digest([_layout_json(dst[k]) for k in keys]),
+            _digest(max_buffer_bytes),
+        ]
+    )
+
+
+def _all_gather_bytes(payload: bytes, group: dist.ProcessGroup | None, device: torch.device) -> list[bytes]:
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    mine = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+    parts = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine, group=group)
+    return [bytes(p.cpu().numpy().tobytes()) for p in parts]
+
+
+def agree_on_inputs(
+    digest: bytes,
+    error: str | None,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+) -> None:
+    """Raise the same ReshardError on every rank unless all ranks are fine and agree."""
+    msg = (error or "").encode("utf-8", "replace")[:_MSG]
+    record = digest.ljust(len(DIGEST_PARTS) * _DIGEST, b"\0")
+    record += bytes([1 if error is not None else 0]) + len(msg).to_bytes(4, "little") + msg
+    records = _all_gather_bytes(record.ljust(_RECORD, b"\0"), group, device)
+    n = len(DIGEST_PARTS) * _DIGEST
+    problems = []
+    for rank, rec in enumerate(records):
+        if rec[n]:
+            length = int.from_bytes(rec[n + 1 : n + 5], "little")
+            problems.append(f"rank {rank}: {rec[n + 5 : n + 5 + length].decode('utf-8', 'replace')}")
+    if problems:
+        raise ReshardError(
+            "reshard: bad input, no data was moved; " + "; ".join(problems)
+        )
+    for part, name in enumerate(DIGEST_PARTS):
+        lo, hi = part * _DIGEST, (part + 1) * _DIGEST
+        groups: dict[bytes, list[int]] = {}
+        for rank, rec in enumerate(records):
+            groups.setdefault(rec[lo:hi], []).append(rank)
+        if len(groups) > 1:
+            sides = " vs ".join(f"ranks {ranks} (digest {d.hex()})" for d, ranks in groups.items())
+            raise ReshardError(
+                f"reshard: the ranks disagree on the {name}: {sides}; every rank of the group "
+                "must pass the same src, dst, shapes and max_buffer_bytes. No data was moved."
+            )
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    """1-based code of a dtype for the wire (0 means unknown); raises for unsupported ones."""
+    import torch
+
+    for i, name in enumerate(_DTYPE_NAMES):
+        if getattr(torch, name, None) == dtype:
+            return i + 1
+    raise ReshardError(f"reshard does not support dtype {dtype}")
+
+
+def dtype_from_code(code: int) -> torch.dtype:
+    import torch
+
+    dt = getattr(torch, _DTYPE_NAMES[code - 1])
+    assert isinstance(dt, torch.dtype)
+    return dt
+
+
+def agree_on_dtypes(
+    keys: Sequence[str],
+    codes: Sequence[int],
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+) -> list[int]:
+    """The dtype code of every key, learnt from the ranks that know it (those that hold a
+    source shard or were told); the same ReshardError on every rank if two ranks differ."""
+    gathered = _all_gather_bytes(bytes(codes), group, device) if keys else []
+    out = []
+    for i, key in enumerate(keys):
+        seen: dict[int, list[int]] = {}
+        for rank, rec in enumerate(gathered):
+            if rec[i]:
+                seen.setdefault(rec[i], []).append(rank)
+        if len(seen) > 1:
+            sides = " vs ".join(f"{dtype_from_code(c)} on ranks {r}" for c, r in seen.items())
+            raise ReshardError(
+                f"reshard: the ranks disagree on the dtype of {key!r}: {sides}. No data was moved."
+            )
+        out.append(next(iter(seen), 0))
+    return out

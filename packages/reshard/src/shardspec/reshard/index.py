@@ -1,0 +1,184 @@
+"""A spatial index over the distinct non-empty boxes of a layout: which boxes meet a query box.
+
+Two structures, chosen at build time:
+
+* **Grid** (every chunking, every DTensor layout, every product grid): when the distinct
+  boxes are exactly the cells of a product of per-dim partitions, a query maps its bounds to
+  a range of cells per dim with ``bisect`` and reads the box ids from a cell array.
+  Build O(n log n) (vectorised), query O(d log n + output).
+* **Guillotine tree** (anything else): a region is split at every position of some dim that
+  no box straddles (the dim giving the most pieces wins), recursively. A query descends only
+  into the children whose interval meets it, found by ``bisect``. Build O(d n log n) per level
+  of the tree; a query costs O(depth log n + output) on guillotine layouts (TorchRec tables,
+  nested chunkings, random cuts). A region no dim can cut is a leaf scanned linearly; only
+  non-guillotine arrangements (pinwheels) reach one.
+
+Boxes are assumed pairwise disjoint (a validated layout's distinct boxes); the index never
+holds empty boxes, and a query with an empty box returns nothing.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from typing import Any
+
+from shardspec.metadata import Box
+
+__all__ = ["BoxIndex"]
+
+
+class BoxIndex:
+    """Find the boxes (by position in ``boxes``) that share an element with a query box."""
+
+    __slots__ = ("_boxes", "_grid", "_ndim", "_tree")
+
+    def __init__(self, boxes: Sequence[Box], shape: Sequence[int]) -> None:
+        self._boxes = list(boxes)
+        self._ndim = len(shape)
+        self._grid: tuple[list[list[int]], list[list[int]], Any] | None = None
+        self._tree: _Node | None = None
+        if self._ndim == 0 or not self._boxes:
+            return
+        self._grid = _build_grid(self._boxes, tuple(shape))
+        if self._grid is None:
+            self._tree = _build_tree(self._boxes, list(range(len(self._boxes))), self._ndim)
+
+    @property
+    def kind(self) -> str:
+        """``"grid"``, ``"tree"`` or ``"trivial"`` (0-d or no boxes): for tests and docs."""
+        if self._grid is not None:
+            return "grid"
+        return "tree" if self._tree is not None else "trivial"
+
+    def query(self, q: Box) -> list[int]:
+        """Positions of the indexed boxes that share at least one element with ``q``."""
+        if q.is_empty or not self._boxes:
+            return []
+        if self._ndim == 0:
+            return list(range(len(self._boxes)))
+        if self._grid is not None:
+            starts, stops, cells = self._grid
+            index: list[slice] = []
+            for d in range(self._ndim):
+                lo, hi = q.offsets[d], q.offsets[d] + q.sizes[d]
+                # The cells that end after lo and start before hi.
+                index.append(slice(bisect_right(stops[d], lo), bisect_left(starts[d], hi)))
+            return [int(i) for i in cells[tuple(index)].ravel()]
+        out: list[int] = []
+        assert self._tree is not None
+        qlo, qhi = q.offsets, q.stops
+        stack = [self._tree]
+        boxes = self._boxes
+        while stack:
+            node = stack.pop()
+            if node.children is None:
+                for i in node.members:
+                    b = boxes[i]
+                    if all(
+                        bo < h and lo_ < bo + bs
+                        for bo, bs, lo_, h in zip(b.offsets, b.sizes, qlo, qhi)
+                    ):
+                        out.append(i)
+                continue
+            d = node.dim
+            lo, hi = qlo[d], qhi[d]
+            first = max(bisect_right(node.starts, lo) - 1, 0)
+            last = bisect_left(node.starts, hi)
+            stack.extend(node.children[first:last])
+        return out
+
+
+def _build_grid(
+    boxes: list[Box], shape: tuple[int, ...]
+) -> tuple[list[list[int]], list[list[int]], Any] | None:
+    """Per-dim cell starts and the cell -> box id array, or None when not an exact grid."""
+    import numpy as np
+
+    m = len(boxes)
+    nd = len(shape)
+    offs = np.array([b.offsets for b in boxes], dtype=np.int64).reshape(m, nd)
+    ends = offs + np.array([b.sizes for b in boxes], dtype=np.int64).reshape(m, nd)
+    starts: list[list[int]] = []
+    stops: list[list[int]] = []
+    cell_idx = []
+    cells = 1
+    for d in range(nd):
+        intervals = np.unique(np.stack([offs[:, d], ends[:, d]], axis=1), axis=0)
+        s, e = intervals[:, 0], intervals[:, 1]
+        # The intervals must tile the covered span without overlap (a partition of one dim).
+        if np.any(s[1:] != e[:-1]):
+            return None
+        cells *= len(intervals)
+        if cells > m:
+            return None
+        starts.append([int(x) for x in s])
+        stops.append([int(x) for x in e])
+        cell_idx.append(np.searchsorted(s, offs[:, d]))
+    if cells != m:
+        return None
+    grid = np.full([len(s) for s in starts], -1, dtype=np.int64)
+    grid[tuple(cell_idx)] = np.arange(m, dtype=np.int64)
+    if np.any(grid < 0):  # two boxes in one cell: not disjoint, so not a grid
+        return None
+    return starts, stops, grid
+
+
+class _Node:
+    __slots__ = ("children", "dim", "members", "starts")
+
+    def __init__(
+        self,
+        members: list[int],
+        dim: int = -1,
+        starts: list[int] | None = None,
+        children: list[_Node] | None = None,
+    ) -> None:
+        self.members = members
+        self.dim = dim
+        self.starts = starts or []
+        self.children = children
+
+
+def _build_tree(boxes: list[Box], ids: list[int], nd: int) -> _Node:
+    root = _Node(ids)
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if len(node.members) <= 1:
+            continue
+        best: list[tuple[int, list[int]]] = []
+        best_dim = -1
+        for d in range(nd):
+            groups = _cuts(boxes, node.members, d)
+            if len(groups) > max(len(best), 1):
+                best, best_dim = groups, d
+        if best_dim < 0:
+            continue  # an uncuttable region: a leaf, scanned linearly
+        node.dim = best_dim
+        node.starts = [start for start, _ in best]
+        node.children = [_Node(members) for _, members in best]
+        stack.extend(node.children)
+    return root
+
+
+def _cuts(boxes: list[Box], ids: list[int], d: int) -> list[tuple[int, list[int]]]:
+    """Group ``ids`` at every position of dim ``d`` that no box straddles: (start, members)."""
+    order = sorted(ids, key=lambda i: boxes[i].offsets[d])
+    groups: list[tuple[int, list[int]]] = []
+    reach = -1
+    group_start = 0
+    members: list[int] = []
+    for i in order:
+        start = boxes[i].offsets[d]
+        stop = start + boxes[i].sizes[d]
+        if start >= reach and members:
+            groups.append((group_start, members))
+            members = []
+        if not members:
+            group_start = start
+        members.append(i)
+        reach = max(reach, stop)
+    if members:
+        groups.append((group_start, members))
+    return groups

@@ -132,7 +132,8 @@ class Case:
         if self.group_ranks is not None:
             if world_rank not in self.group_ranks:
                 return {"skip": True, "group_ranks": self.group_ranks}
-            group_rank = self.group_ranks.index(world_rank)
+            # new_group orders its members by world rank, whatever order they were listed in.
+            group_rank = sorted(self.group_ranks).index(world_rank)
         return {
             "skip": False,
             "src": self.src,

@@ -3,6 +3,7 @@ functions the ranks run (rank side). Deterministic: a seed gives the same cases 
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +48,10 @@ def random_tensor(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torc
 
 def random_shape(rng: random.Random, max_dims: int = 3, max_side: int = 7) -> tuple[int, ...]:
     nd = rng.randint(0, max_dims)
-    return tuple(rng.choice([0, 1, 2, 3, 5, max_side]) if rng.random() < 0.3 else rng.randint(1, max_side) for _ in range(nd))
+    return tuple(
+        rng.choice([0, 1, 2, 3, 5, max_side]) if rng.random() < 0.3 else rng.randint(1, max_side)
+        for _ in range(nd)
+    )
 
 
 def random_ranks(rng: random.Random, world: int, k: int | None = None) -> list[int]:
@@ -59,7 +63,7 @@ def _partition(rng: random.Random, n: int) -> list[tuple[int, int]]:
     parts = rng.randint(1, 4)
     cuts = sorted(rng.randint(0, n) for _ in range(parts - 1))
     edges = [0, *cuts, n]
-    return list(zip(edges[:-1], edges[1:]))
+    return list(itertools.pairwise(edges))
 
 
 def _dedupe(shape: tuple[int, ...], shards: list[Shard]) -> Layout:
@@ -84,7 +88,11 @@ def random_layout(rng: random.Random, shape: tuple[int, ...], world: int) -> Lay
     elif kind == "grid":
         cells = [Box((), ())]
         for n in shape:
-            cells = [Box((*c.offsets, a), (*c.sizes, b - a)) for c in cells for a, b in _partition(rng, n)]
+            cells = [
+                Box((*c.offsets, a), (*c.sizes, b - a))
+                for c in cells
+                for a, b in _partition(rng, n)
+            ]
         layout = _dedupe(shape, [Shard(c, rng.randrange(world)) for c in cells])
     else:
         pieces = [Box.full(shape)]
@@ -223,7 +231,14 @@ def run_state_dict(
     return reshard_state_dict(state, src, dst, max_buffer_bytes=budget)
 
 
-def run_single(rank: int, world: int, inputs: list[torch.Tensor], src: Layout, dst: Layout, kwargs: dict[str, Any]) -> list[torch.Tensor]:
+def run_single(
+    rank: int,
+    world: int,
+    inputs: list[torch.Tensor],
+    src: Layout,
+    dst: Layout,
+    kwargs: dict[str, Any],
+) -> list[torch.Tensor]:
     return reshard(inputs, src, dst, **kwargs)
 
 
@@ -237,7 +252,9 @@ def count_all_to_all(
 
     def counting(output: torch.Tensor, input: torch.Tensor, *a: Any, **k: Any) -> Any:
         calls[0] += 1
-        calls[1] = max(calls[1], output.numel() * output.element_size(), input.numel() * input.element_size())
+        calls[1] = max(
+            calls[1], output.numel() * output.element_size(), input.numel() * input.element_size()
+        )
         return real(output, input, *a, **k)
 
     dist.all_to_all_single = counting
@@ -246,4 +263,3 @@ def count_all_to_all(
     finally:
         dist.all_to_all_single = real
     return calls[0], calls[1], res
-

@@ -9,6 +9,7 @@ that hangs or dies fails the call with a clear error and the pool is shut down.
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -51,7 +52,9 @@ class RankPool:
         self.world = world
         self.timeout = timeout
         # world + 1 participants: the ranks and this driver, which owns the listening socket.
-        self._store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False)
+        self._store = dist.TCPStore(
+            "127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False
+        )
         ctx = mp.get_context("spawn")
         self._conns = []
         self._procs = []
@@ -101,10 +104,8 @@ class RankPool:
     def close(self, *, force: bool = False) -> None:
         if not force:
             for conn in self._conns:
-                try:
+                with contextlib.suppress(OSError):
                     conn.send(None)
-                except OSError:
-                    pass
         for p in self._procs:
             p.join(timeout=0 if force else 10)
             if p.is_alive():
@@ -112,4 +113,3 @@ class RankPool:
                 p.join(timeout=5)
         self._conns = []
         self._procs = []
-

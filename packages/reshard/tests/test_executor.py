@@ -82,7 +82,14 @@ def pool_cases(draw: st.DrawFn) -> Case:
 
 
 @pytest.mark.rule("RESHARD-1")
-@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(
+    max_examples=60,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+    ],
+)
 @given(case=pool_cases())
 def test_hypothesis_cases_on_ranks(pool: RankPool, case: Case) -> None:
     run_and_compare(pool, [case])
@@ -93,12 +100,25 @@ def test_upstream_wrong_sender_case(pool: RankPool) -> None:
     """12x21 chunked on dim 0 over ranks 0-3 to placements [1, 2, 3, 0] (upstream aborts)."""
     full = random_tensor((12, 21), torch.float32, 7)
     cases = [
-        Case("12x21 dim0 -> [1,2,3,0]", chunk_layout((12, 21), 0, [0, 1, 2, 3]),
-             chunk_layout((12, 21), 0, [1, 2, 3, 0]), full),
-        Case("12x21 dim0 -> dim1 [1,2,3,0]", chunk_layout((12, 21), 0, [0, 1, 2, 3]),
-             chunk_layout((12, 21), 1, [1, 2, 3, 0]), full),
-        Case("12x21 uneven dim1 -> dim0 on 3 ranks", chunk_layout((12, 21), 1, [2, 0, 3, 1]),
-             chunk_layout((12, 21), 0, [3, 1, 2]), full, noncontig=True),
+        Case(
+            "12x21 dim0 -> [1,2,3,0]",
+            chunk_layout((12, 21), 0, [0, 1, 2, 3]),
+            chunk_layout((12, 21), 0, [1, 2, 3, 0]),
+            full,
+        ),
+        Case(
+            "12x21 dim0 -> dim1 [1,2,3,0]",
+            chunk_layout((12, 21), 0, [0, 1, 2, 3]),
+            chunk_layout((12, 21), 1, [1, 2, 3, 0]),
+            full,
+        ),
+        Case(
+            "12x21 uneven dim1 -> dim0 on 3 ranks",
+            chunk_layout((12, 21), 1, [2, 0, 3, 1]),
+            chunk_layout((12, 21), 0, [3, 1, 2]),
+            full,
+            noncontig=True,
+        ),
     ]
     run_and_compare(pool, cases)
 
@@ -113,8 +133,14 @@ def test_subgroup_and_rank_subsets(pool: RankPool) -> None:
         shape = (rng.randint(0, 7), rng.randint(1, 5))
         full = random_tensor(shape, DTYPES[i % len(DTYPES)], i)
         cases.append(
-            Case(f"subgroup#{i}", random_layout(rng, shape, 3), random_layout(rng, shape, 3), full,
-                 noncontig=bool(i % 2), group_ranks=(3, 1, 2))
+            Case(
+                f"subgroup#{i}",
+                random_layout(rng, shape, 3),
+                random_layout(rng, shape, 3),
+                full,
+                noncontig=bool(i % 2),
+                group_ranks=(3, 1, 2),
+            )
         )
     run_and_compare(pool, cases)
 
@@ -150,7 +176,9 @@ def test_rounds_bound_the_buffers_and_each_element_is_sent_once(
 ) -> None:
     full = random_tensor(src.shape, torch.float32, 11)
     inputs = {r: [full[b.slices()].clone() for b in src.boxes_of(r)] for r in src.ranks}
-    answers = pool.run(count_all_to_all, [(inputs.get(r, []), src, dst, budget) for r in range(WORLD)])
+    answers = pool.run(
+        count_all_to_all, [(inputs.get(r, []), src, dst, budget) for r in range(WORLD)]
+    )
     want = reference.reshard(inputs, src, dst)
     calls = {a[0] for a in answers}
     assert len(calls) == 1, f"ranks made different numbers of collectives: {calls}"
@@ -241,7 +269,9 @@ def test_disagreements_on_shape_dtype_and_budget_raise_everywhere(pool: RankPool
     args = [(ins5[r], src5, dst5, {}) if r == 3 else (ins[r], src, dst, {}) for r in range(WORLD)]
     _all_raise(pool.run_all(run_single, args), "keys and shapes")
     # A different dtype on rank 1.
-    args = [([t.double() for t in ins[r]] if r == 1 else ins[r], src, dst, {}) for r in range(WORLD)]
+    args = [
+        ([t.double() for t in ins[r]] if r == 1 else ins[r], src, dst, {}) for r in range(WORLD)
+    ]
     _all_raise(pool.run_all(run_single, args), "dtype", "torch.float64", "torch.float32")
     # A different max_buffer_bytes on rank 0.
     args = [(ins[r], src, dst, {"max_buffer_bytes": 64 if r == 0 else None}) for r in range(WORLD)]

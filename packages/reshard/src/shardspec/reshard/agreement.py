@@ -23,7 +23,14 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
-__all__ = ["DIGEST_PARTS", "agree_on_dtypes", "agree_on_inputs", "digests", "dtype_code", "dtype_from_code"]
+__all__ = [
+    "DIGEST_PARTS",
+    "agree_on_dtypes",
+    "agree_on_inputs",
+    "digests",
+    "dtype_code",
+    "dtype_from_code",
+]
 
 DIGEST_PARTS = ("keys and shapes", "source layouts", "destination layouts", "max_buffer_bytes")
 _DIGEST = 8
@@ -31,9 +38,26 @@ _MSG = 512 - len(DIGEST_PARTS) * _DIGEST - 5
 _RECORD = 512
 
 _DTYPE_NAMES = (
-    "bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
-    "float64", "complex32", "complex64", "complex128", "uint16", "uint32", "uint64",
-    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+    "bool",
+    "uint8",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex32",
+    "complex64",
+    "complex128",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
 )
 
 
@@ -64,7 +88,9 @@ def digests(
     )
 
 
-def _all_gather_bytes(payload: bytes, group: dist.ProcessGroup | None, device: torch.device) -> list[bytes]:
+def _all_gather_bytes(
+    payload: bytes, group: dist.ProcessGroup | None, device: torch.device
+) -> list[bytes]:
     import torch
     import torch.distributed as dist
 
@@ -91,11 +117,11 @@ def agree_on_inputs(
     for rank, rec in enumerate(records):
         if rec[n]:
             length = int.from_bytes(rec[n + 1 : n + 5], "little")
-            problems.append(f"rank {rank}: {rec[n + 5 : n + 5 + length].decode('utf-8', 'replace')}")
+            problems.append(
+                f"rank {rank}: {rec[n + 5 : n + 5 + length].decode('utf-8', 'replace')}"
+            )
     if problems:
-        raise ReshardError(
-            "reshard: bad input, no data was moved; " + "; ".join(problems)
-        )
+        raise ReshardError("reshard: bad input, no data was moved; " + "; ".join(problems))
     for part, name in enumerate(DIGEST_PARTS):
         lo, hi = part * _DIGEST, (part + 1) * _DIGEST
         groups: dict[bytes, list[int]] = {}

@@ -111,9 +111,13 @@ def reshard_state_dict(
             or not isinstance(max_buffer_bytes, int)
             or max_buffer_bytes < 1
         ):
-            raise ReshardError(f"max_buffer_bytes must be a positive int or None, got {max_buffer_bytes!r}")
+            raise ReshardError(
+                f"max_buffer_bytes must be a positive int or None, got {max_buffer_bytes!r}"
+            )
         for key in keys:
-            job, code = _prepare(key, state[key], src_layouts[key], dst_layouts[key], rank, world, dtypes)
+            job, code = _prepare(
+                key, state[key], src_layouts[key], dst_layouts[key], rank, world, dtypes
+            )
             jobs.append(job)
             codes.append(code)
     except (LayoutError, ReshardError, TypeError, ValueError) as e:
@@ -214,7 +218,9 @@ def _prepare(
     dtype = None if dtypes is None else dtypes.get(key)
     for i, (t, box) in enumerate(zip(inputs, boxes)):
         if not isinstance(t, torch.Tensor):
-            raise ReshardError(f"{what}local shard #{i} on rank {rank} is a {type(t).__name__}, not a tensor")
+            raise ReshardError(
+                f"{what}local shard #{i} on rank {rank} is a {type(t).__name__}, not a tensor"
+            )
         if tuple(t.shape) != box.sizes:
             raise ReshardError(
                 f"{what}local shard #{i} on rank {rank} has shape {tuple(t.shape)} but its "
@@ -234,7 +240,9 @@ def _prepare(
     return _Job(key, src, dst, p, inputs), code
 
 
-def _rel(piece: Piece, outer_offsets: tuple[int, ...], block: tuple[tuple[int, ...], tuple[int, ...]]) -> tuple[slice, ...]:
+def _rel(
+    piece: Piece, outer_offsets: tuple[int, ...], block: tuple[tuple[int, ...], tuple[int, ...]]
+) -> tuple[slice, ...]:
     offs, sizes = block
     return tuple(
         slice(po - oo + b, po - oo + b + s)
@@ -314,8 +322,12 @@ def _exchange(
         return
     send_q = [_align(-(-n // rounds)) for n in send_len]
     recv_q = [_align(-(-n // rounds)) for n in recv_len]
-    send_buf = torch.empty(sum(min(q, n) for q, n in zip(send_q, send_len)), dtype=torch.uint8, device=dev)
-    recv_buf = torch.empty(sum(min(q, n) for q, n in zip(recv_q, recv_len)), dtype=torch.uint8, device=dev)
+    send_buf = torch.empty(
+        sum(min(q, n) for q, n in zip(send_q, send_len)), dtype=torch.uint8, device=dev
+    )
+    recv_buf = torch.empty(
+        sum(min(q, n) for q, n in zip(recv_q, recv_len)), dtype=torch.uint8, device=dev
+    )
     send_ptr = [0] * world
     recv_ptr = [0] * world
     for t in range(rounds):
@@ -361,7 +373,14 @@ def _walk(
         e = entries[i]
         a, b = max(e.offset, lo), min(e.offset + e.nbytes, hi)
         if a < b:
-            _copy_range(e, (a - e.offset) // e.job.itemsize, (b - e.offset) // e.job.itemsize, buf, base + a - lo, pack=pack)
+            _copy_range(
+                e,
+                (a - e.offset) // e.job.itemsize,
+                (b - e.offset) // e.job.itemsize,
+                buf,
+                base + a - lo,
+                pack=pack,
+            )
         if e.offset + e.nbytes > hi:
             break  # the rest of this piece goes in the next window
         i += 1

@@ -124,7 +124,9 @@ def plan(src: Layout, dst: Layout, rank: int | None = None, *, validate: bool = 
     other ranks' pieces.
     """
     if not isinstance(src, Layout) or not isinstance(dst, Layout):
-        raise TypeError(f"plan() takes two Layouts, got {type(src).__name__} and {type(dst).__name__}")
+        raise TypeError(
+            f"plan() takes two Layouts, got {type(src).__name__} and {type(dst).__name__}"
+        )
     if src.shape != dst.shape:
         raise LayoutError(
             f"cannot reshard between shapes: source layout has shape {src.shape}, "
@@ -136,7 +138,9 @@ def plan(src: Layout, dst: Layout, rank: int | None = None, *, validate: bool = 
         try:
             src.validate()
         except LayoutError as e:
-            raise LayoutError(f"source layout: {e}", kind=e.kind, shards=e.shards, point=e.point) from e
+            raise LayoutError(
+                f"source layout: {e}", kind=e.kind, shards=e.shards, point=e.point
+            ) from e
         try:
             dst.validate()
         except LayoutError as e:
@@ -239,16 +243,16 @@ class _Planner:
                 out.append(Piece(part, r, i, self.src_local[i], dst_rank, j, dst_local))
 
 
-def _spread(
-    box: Box, owners: list[tuple[int, int]], j: int
-) -> list[tuple[Box, tuple[int, int]]]:
+def _spread(box: Box, owners: list[tuple[int, int]], j: int) -> list[tuple[Box, tuple[int, int]]]:
     """Cut ``box`` into parts, one per owner (fewer if the box is too small), rotated by the
     destination shard index so that small pieces of many destinations spread too."""
     r = len(owners)
     sizes = box.sizes
     if not sizes:
         return [(box, owners[j % r])]
-    dim = next((d for d, n in enumerate(sizes) if n >= r), max(range(len(sizes)), key=sizes.__getitem__))
+    dim = next(
+        (d for d, n in enumerate(sizes) if n >= r), max(range(len(sizes)), key=sizes.__getitem__)
+    )
     parts = chunk_bounds(sizes[dim], min(r, sizes[dim]))
     out = []
     for p, (a, b) in enumerate(parts):

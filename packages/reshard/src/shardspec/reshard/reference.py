@@ -58,7 +58,9 @@ def materialize(shards: Mapping[int, Sequence[torch.Tensor]], layout: Layout) ->
             sl = box.slices()
             if bool(written[sl].any()):
                 if not same_bits(out[sl], t):
-                    raise LayoutError(f"replica of {box} on rank {rank} differs from another owner's")
+                    raise LayoutError(
+                        f"replica of {box} on rank {rank} differs from another owner's"
+                    )
                 continue
             out[sl] = t
             written[sl] = True
@@ -73,9 +75,7 @@ def reshard(
         raise LayoutError(f"source shape {src.shape} differs from destination shape {dst.shape}")
     dst.validate()
     full = materialize(shards, src)
-    return {
-        rank: [full[box.slices()].clone() for box in dst.boxes_of(rank)] for rank in dst.ranks
-    }
+    return {rank: [full[box.slices()].clone() for box in dst.boxes_of(rank)] for rank in dst.ranks}
 
 
 def _dtype(shards: Mapping[int, Sequence[torch.Tensor]], layout: Layout) -> torch.dtype:

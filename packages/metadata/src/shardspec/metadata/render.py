@@ -44,10 +44,14 @@ def render(layout: Layout, *, max_rows: int = MAX_ROWS, max_cols: int = MAX_COLS
     row_cuts = _cuts(shape[0], boxes, 0)
     col_cuts = _cuts(shape[1], boxes, 1)
     if len(row_cuts) - 1 > max_rows or len(col_cuts) - 1 > max_cols:
-        lines.append(
-            f"too many cuts to draw ({len(row_cuts) - 1} row and {len(col_cuts) - 1} column "
-            f"segments; limits {max_rows} and {max_cols}), shown as a table:"
-        )
+        if layout.ndim == 1:
+            what = f"{len(col_cuts) - 1} segments; limit {max_cols}"
+        else:
+            what = (
+                f"{len(row_cuts) - 1} row and {len(col_cuts) - 1} column segments; "
+                f"limits {max_rows} and {max_cols}"
+            )
+        lines.append(f"too many cuts to draw ({what}), shown as a table:")
         lines += _table(layout)
         return "\n".join(lines)
     if layout.numel == 0:

@@ -202,8 +202,9 @@ def to_sharding_spec(
         return EnumerableShardingSpec(to_shard_metadata(layout, device))
     except ValueError as e:
         raise ConversionError(
-            f"torch's EnumerableShardingSpec refuses this valid layout ({e}); it counts a "
-            "zero-size shard lying inside another shard as an overlap (upstream defect, BOX-2)"
+            f"torch's EnumerableShardingSpec refuses this valid layout ({e}); its overlap "
+            "check counts zero-size shards (a zero-size shard inside another, or identical "
+            "zero-size shards) as overlapping (upstream defect, BOX-2)"
         ) from e
 
 

@@ -29,6 +29,12 @@ _LAZY: dict[str, str] = {
     "to_tensor_storage_metadata": "dcp",
     "to_chunk_list": "dcp",
     "chunk_owners": "dcp",
+    "dtensor_layout": "dtensor",
+    "dtensor_local_box": "dtensor",
+    "dtensor_local_boxes": "dtensor",
+    "dtensor_local_slices": "dtensor",
+    "to_dtensor_placements": "dtensor",
+    "from_dtensor": "dtensor",
 }
 
 

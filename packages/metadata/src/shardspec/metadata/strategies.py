@@ -8,6 +8,7 @@ Every strategy shrinks towards small shapes, few ranks and shard order as built.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -17,6 +18,9 @@ from .layout import Layout, Shard
 
 __all__ = [
     "chunk_layouts",
+    "device_meshes",
+    "dtensor_cases",
+    "dtensor_placements",
     "grid_layouts",
     "guillotine_layouts",
     "partitions",
@@ -174,3 +178,82 @@ def rank_sequences(k: int, *, max_rank: int | None = None) -> st.SearchStrategy[
     """``k`` distinct ranks in any order, drawn from ``range(max_rank or k)``."""
     pool = range(max(k, max_rank or k))
     return st.permutations(pool).map(lambda p: list(p[:k]))
+
+
+def _nest(flat: list[int], shape: Sequence[int]) -> list[Any]:
+    if len(shape) == 1:
+        return list(flat)
+    step = len(flat) // shape[0]
+    return [_nest(flat[i * step : (i + 1) * step], shape[1:]) for i in range(shape[0])]
+
+
+@st.composite
+def device_meshes(
+    draw: st.DrawFn,
+    *,
+    max_dims: int = 4,
+    max_ranks: int = 16,
+    max_side: int = 4,
+    spare_ranks: int = 8,
+) -> list[Any]:
+    """A ``DeviceMesh.mesh``-style nested list of distinct ranks: 1-D to ``max_dims``-D,
+    size-1 dims included, at most ``max_ranks`` ranks, numbered in a random order from
+    ``range(W + spare)`` (not just ``arange``). Shrinks towards a 1-D mesh of rank 0."""
+    nd = draw(st.integers(1, max_dims))
+    shape: list[int] = []
+    total = 1
+    for _ in range(nd):
+        k = draw(st.integers(1, max(1, min(max_side, max_ranks // total))))
+        shape.append(k)
+        total *= k
+    pool = draw(st.permutations(range(total + draw(st.integers(0, spare_ranks)))))
+    return _nest(list(pool[:total]), shape)
+
+
+@st.composite
+def dtensor_placements(
+    draw: st.DrawFn, ndim: int, mesh_ndim: int, *, max_split_factor: int = 6
+) -> list[Any]:
+    """torch placements, one per mesh dim: ``Replicate()``, ``Shard(d)`` and
+    ``_StridedShard(d, split_factor=f)`` on any dim (negative dims too), so that nested shards
+    of one dim on several mesh dims are common. Needs torch."""
+    from torch.distributed.tensor.placement_types import Replicate, _StridedShard
+    from torch.distributed.tensor.placement_types import Shard as TShard
+
+    out: list[Any] = []
+    for _ in range(mesh_ndim):
+        kind = draw(st.sampled_from(["R", "S", "SS"] if ndim else ["R"]))
+        if kind == "R":
+            out.append(Replicate())
+            continue
+        dim = draw(st.integers(0, ndim - 1))
+        if draw(st.integers(0, 4)) == 0:
+            dim -= ndim  # torch accepts negative dims
+        if kind == "S":
+            out.append(TShard(dim))
+        else:
+            sf = draw(st.integers(1, max_split_factor))
+            out.append(_StridedShard(dim, split_factor=sf))
+    return out
+
+
+@st.composite
+def dtensor_cases(
+    draw: st.DrawFn,
+    shape: st.SearchStrategy[tuple[int, ...]] | None = None,
+    *,
+    max_mesh_dims: int = 4,
+    max_ranks: int = 16,
+) -> tuple[tuple[int, ...], list[Any], list[Any]]:
+    """``(shape, mesh, placements)`` for DTensor: 0-d to 4-d shapes with zero-size dims,
+    meshes up to 4-D (size-1 dims, shuffled rank numbers), every placement combination,
+    and more ranks than rows. Needs torch."""
+    shp = draw(shape if shape is not None else shapes(max_dims=4, max_side=7))
+    mesh = draw(device_meshes(max_dims=max_mesh_dims, max_ranks=max_ranks))
+    mesh_ndim = 1
+    probe = mesh[0]
+    while isinstance(probe, list):
+        mesh_ndim += 1
+        probe = probe[0]
+    placements = draw(dtensor_placements(len(shp), mesh_ndim))
+    return shp, mesh, placements

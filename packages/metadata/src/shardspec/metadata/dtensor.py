@@ -1,0 +1,204 @@
+"""DTensor placements <-> Layout (spec/02-dtensor.md, DTENSOR-*).
+
+``dtensor_layout(shape, mesh, placements)`` gives, for every mesh coordinate, exactly the
+elements DTensor's local tensor holds on that rank; ``to_dtensor_placements`` goes back;
+``from_dtensor`` reads a DTensor or its ``DTensorSpec``. This module imports torch; it is
+loaded lazily by ``shardspec.metadata`` (``from shardspec.metadata import dtensor_layout``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch.distributed.tensor.placement_types import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    _StridedShard,
+)
+
+from .box import Box, as_index_tuple
+from .dtensor_math import Split, local_boxes, local_slices, mesh_layout, solve_splits
+from .errors import ConversionError, LayoutError
+from .layout import Layout
+
+__all__ = [
+    "dtensor_layout",
+    "dtensor_local_box",
+    "dtensor_local_boxes",
+    "dtensor_local_slices",
+    "from_dtensor",
+    "mesh_ranks",
+    "to_dtensor_placements",
+]
+
+
+def mesh_ranks(mesh: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(mesh shape, ranks in row-major order)`` of a DeviceMesh, an int tensor or array of
+    ranks, or a nested list of ranks, as in ``DeviceMesh.mesh``."""
+    raw = mesh.mesh if hasattr(mesh, "mesh") and not isinstance(mesh, (list, tuple)) else mesh
+    if hasattr(raw, "tolist"):
+        raw = raw.tolist()
+    if not isinstance(raw, (list, tuple)):
+        raise ConversionError(
+            f"a mesh is a nested list of ranks, an int tensor or a DeviceMesh; got {mesh!r}"
+        )
+    shape: list[int] = []
+    probe: Any = raw
+    while isinstance(probe, (list, tuple)):
+        shape.append(len(probe))
+        if not probe:
+            break
+        probe = probe[0]
+    if 0 in shape:
+        raise ConversionError(f"mesh {raw!r} has a dim of size 0; every mesh dim needs a rank")
+    flat: list[Any] = []
+
+    def walk(node: Any, depth: int) -> None:
+        if depth == len(shape):
+            if isinstance(node, (list, tuple)):
+                raise ConversionError(f"mesh {raw!r} is ragged: it is not a {shape} grid")
+            flat.append(node)
+            return
+        if not isinstance(node, (list, tuple)) or len(node) != shape[depth]:
+            raise ConversionError(f"mesh {raw!r} is ragged: it is not a {shape} grid")
+        for child in node:
+            walk(child, depth + 1)
+
+    walk(raw, 0)
+    try:
+        ranks = as_index_tuple(flat, "mesh ranks")
+    except LayoutError as e:
+        raise ConversionError(str(e)) from None
+    if len(set(ranks)) != len(ranks):
+        dup = sorted({r for r in ranks if ranks.count(r) > 1})
+        raise ConversionError(f"mesh {raw!r} names ranks {dup} more than once")
+    return tuple(shape), ranks
+
+
+def _splits(placements: Sequence[Placement], ndim: int) -> tuple[Split | None, ...]:
+    out: list[Split | None] = []
+    for m, p in enumerate(placements):
+        if isinstance(p, Partial):
+            raise ConversionError(
+                f"placement {p!r} on mesh dim {m} is Partial: a partial tensor has no layout "
+                f"until it is reduced (redistribute it to Replicate or Shard first)"
+            )
+        if isinstance(p, Replicate):
+            out.append(None)
+            continue
+        if isinstance(p, _StridedShard):
+            factor = int(p.split_factor)
+        elif isinstance(p, Shard):
+            factor = 1
+        else:
+            raise ConversionError(
+                f"placement {p!r} on mesh dim {m} is not Shard, _StridedShard, Replicate or Partial"
+            )
+        dim = int(p.dim)
+        if ndim == 0 or not -ndim <= dim < ndim:
+            raise ConversionError(
+                f"placement {p!r} on mesh dim {m} shards dim {dim}, which a tensor with "
+                f"{ndim} dims does not have"
+            )
+        out.append(Split(dim % ndim, factor))
+    return tuple(out)
+
+
+def dtensor_layout(shape: Sequence[int], mesh: Any, placements: Sequence[Placement]) -> Layout:
+    """The layout of a DTensor of global ``shape`` on ``mesh`` with ``placements``.
+
+    Every mesh coordinate contributes the boxes its local tensor holds, in local storage
+    order (one box, or several for some ``_StridedShard`` combinations, DTENSOR-7), owned by
+    the rank at that coordinate; coordinates are taken in row-major order. Replicate gives the
+    same boxes on several ranks. ``Partial`` raises :class:`ConversionError`.
+    """
+    shp = as_index_tuple(shape, "shape")
+    mesh_shape, ranks = mesh_ranks(mesh)
+    return mesh_layout(shp, mesh_shape, ranks, _splits(placements, len(shp)))
+
+
+def dtensor_local_boxes(
+    shape: Sequence[int],
+    mesh_shape: Sequence[int],
+    placements: Sequence[Placement],
+    coordinate: Sequence[int],
+) -> tuple[Box, ...]:
+    """The boxes of the local tensor at mesh ``coordinate``, in local storage order."""
+    shp = as_index_tuple(shape, "shape")
+    return local_boxes(
+        shp, as_index_tuple(mesh_shape, "mesh shape"), _splits(placements, len(shp)), coordinate
+    )
+
+
+def dtensor_local_box(
+    shape: Sequence[int],
+    mesh_shape: Sequence[int],
+    placements: Sequence[Placement],
+    coordinate: Sequence[int],
+) -> Box:
+    """The one box the local tensor at ``coordinate`` holds (its local shape and global offset).
+
+    Raises :class:`ConversionError` when the local tensor is not one block of the global
+    tensor (some ``_StridedShard`` combinations); use :func:`dtensor_local_boxes` there.
+    """
+    boxes = dtensor_local_boxes(shape, mesh_shape, placements, coordinate)
+    if len(boxes) != 1:
+        raise ConversionError(
+            f"the local tensor at coordinate {tuple(coordinate)} of mesh {tuple(mesh_shape)} "
+            f"with placements {tuple(placements)} is not one block of shape {tuple(shape)}: "
+            f"it holds {len(boxes)} boxes {list(boxes)}; use dtensor_local_boxes"
+        )
+    return boxes[0]
+
+
+def dtensor_local_slices(boxes: Sequence[Box]) -> list[tuple[slice, ...]]:
+    """Where each of a rank's boxes (as ``dtensor_layout`` lists them) sits in its local
+    tensor: ``local[slices[i]]`` holds the elements of ``boxes[i]`` (DTENSOR-7)."""
+    return local_slices(boxes)
+
+
+def to_dtensor_placements(layout: Layout, mesh: Any) -> tuple[Placement, ...]:
+    """Placements on ``mesh`` under which a DTensor of ``layout.shape`` holds exactly ``layout``.
+
+    Replicate where a mesh dim changes nothing, ``Shard(d)`` where possible, otherwise
+    ``_StridedShard(d, split_factor=f)`` with the smallest such ``f``. Raises
+    :class:`ConversionError` naming the reason when no placements do (DTENSOR-9).
+    """
+    mesh_shape, ranks = mesh_ranks(mesh)
+    splits = solve_splits(layout, mesh_shape, ranks)
+    out: list[Placement] = []
+    for s in splits:
+        if s is None:
+            out.append(Replicate())
+        elif s.split_factor == 1:
+            out.append(Shard(s.dim))
+        else:
+            out.append(_StridedShard(s.dim, split_factor=s.split_factor))
+    return tuple(out)
+
+
+def from_dtensor(spec_or_dtensor: Any) -> Layout:
+    """The layout of a DTensor, or of a ``DTensorSpec`` (which must carry its tensor_meta):
+    its global shape on its mesh with its placements."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+
+    if isinstance(spec_or_dtensor, DTensor):
+        return dtensor_layout(
+            tuple(spec_or_dtensor.shape),
+            spec_or_dtensor.device_mesh,
+            spec_or_dtensor.placements,
+        )
+    if isinstance(spec_or_dtensor, DTensorSpec):
+        meta = spec_or_dtensor.tensor_meta
+        if meta is None:
+            raise ConversionError(
+                f"{spec_or_dtensor!r} has no tensor_meta, so its global shape is unknown"
+            )
+        return dtensor_layout(tuple(meta.shape), spec_or_dtensor.mesh, spec_or_dtensor.placements)
+    raise ConversionError(
+        f"from_dtensor takes a DTensor or a DTensorSpec, got {type(spec_or_dtensor).__name__}"
+    )

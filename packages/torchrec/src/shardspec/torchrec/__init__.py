@@ -4,8 +4,11 @@
   table_row_wise, table_column_wise, grid_shard) as a :class:`~shardspec.metadata.Layout`
   from a plain description, with TorchRec's default block sizes; no TorchRec needed.
 - :mod:`.plans`: TorchRec ``ParameterSharding`` / ``ShardingPlan`` <-> Layout.
+- :mod:`.wrapper`: a strict ``LocalShardsWrapper`` (shape, checks, DCP protocol, ops).
+- :mod:`.dtensor`: TorchRec's DTensor output <-> Layout (the truth is in the wrapper offsets).
 
-Importing this package imports neither torch nor TorchRec.
+Importing this package imports neither torch nor TorchRec; the torch-backed names load on
+first use.
 """
 
 from __future__ import annotations
@@ -31,7 +34,36 @@ from .plans import (
     to_parameter_sharding,
 )
 
+# name -> submodule; these import torch, so they load on first use.
+_LAZY: dict[str, str] = {
+    "LocalShardsWrapper": "wrapper",
+    "stacked_shape": "wrapper",
+    "as_wrapper": "dtensor",
+    "claimed_layout": "dtensor",
+    "gather_layout": "dtensor",
+    "layout_from_local_boxes": "dtensor",
+    "to_dtensor": "dtensor",
+    "torchrec_placements": "dtensor",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
+    *_LAZY,
     "MIN_CW_DIM",
     "SHARDING_TYPES",
     "column_block_size",

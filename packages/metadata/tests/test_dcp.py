@@ -103,6 +103,7 @@ def test_replicas_written_once_and_read_back_with_owner_lists() -> None:
         ([0, ()], ConversionError, r"ranks\[1\] names no owner"),
         ([0, "1"], ConversionError, r"ranks\[1\] must be a rank"),
         ([0, True], ConversionError, r"ranks\[1\] must be a rank"),
+        ([0, (1, 2.0)], ConversionError, r"ranks\[1\] must hold ranks \(integers\), got 2\.0"),
         ([0, 0], None, None),  # one rank holding both chunks is a valid layout
     ],
 )
@@ -180,3 +181,12 @@ def test_upstream_dcp_accepts_zero_size_chunk_inside_another() -> None:
     layout = L((4, 4), ((0, 0), (4, 4), 0), ((2, 2), (0, 2), 1))
     layout.validate()
     assert dcp_plan_errors(layout) == []
+
+
+@pytest.mark.rule("CONVERT-6")
+def test_ranks_accept_numpy_and_torch_integers() -> None:
+    import numpy as np
+
+    md = to_tensor_storage_metadata(chunk_layout((4,), 0, [0, 1]))
+    got = from_tensor_storage_metadata(md, ranks=[np.int64(5), (torch.tensor(2), 3)])  # type: ignore[list-item]
+    assert got.shards == L((4,), ((0,), (2,), 5), ((2,), (2,), 2), ((2,), (2,), 3)).shards

@@ -109,6 +109,18 @@ CASES = [
         id="2d-large-dim-scaled",
     ),
     pytest.param(
+        # many replicas: three named, the rest counted
+        Layout.replicated((3,), [7, 1, 0, 5, 2, 6]),
+        lines(
+            "Layout shape=(3,): 6 shards on ranks 0, 1, 2, 5, 6, 7",
+            "0             3",
+            "+-------------+",
+            "| r0,r1,r2,+3 |",
+            "+-------------+",
+        ),
+        id="1d-many-replicas",
+    ),
+    pytest.param(
         chunk_layout((0, 12), 1, [0, 1]),
         lines(
             "Layout shape=(0, 12): 2 shards on ranks 0, 1",

@@ -105,13 +105,23 @@ def _chunk(box: Box) -> ChunkStorageMetadata:
 
 
 def _owners(entry: int | Sequence[int], index: int) -> tuple[int, ...]:
-    if isinstance(entry, int) and not isinstance(entry, bool):
-        return (entry,)
-    if isinstance(entry, (str, bytes, bool)) or not isinstance(entry, Sequence):
+    if isinstance(entry, (bool, str, bytes)):
         raise ConversionError(
             f"ranks[{index}] must be a rank or a sequence of ranks, got {entry!r}"
         )
-    owners = tuple(entry)
+    if hasattr(entry, "__index__"):  # int, numpy and torch integers
+        return (_owner(entry, index),)
+    if not isinstance(entry, Sequence):
+        raise ConversionError(
+            f"ranks[{index}] must be a rank or a sequence of ranks, got {entry!r}"
+        )
+    owners = tuple(_owner(r, index) for r in entry)
     if not owners:
         raise ConversionError(f"ranks[{index}] names no owner for chunk {index}")
     return owners
+
+
+def _owner(r: object, index: int) -> int:
+    if isinstance(r, bool) or not hasattr(r, "__index__"):
+        raise ConversionError(f"ranks[{index}] must hold ranks (integers), got {r!r}")
+    return int(r.__index__())

@@ -84,6 +84,13 @@ def _slices(box: Box) -> str:
     return "[" + ", ".join(f"{o}:{o + s}" for o, s in box) + "]"
 
 
+def _holders(ranks: list[int]) -> str:
+    # Many replicas would make every cell as wide as the list; name three and count the rest.
+    if len(ranks) > 4:
+        return ",".join(f"r{r}" for r in ranks[:3]) + f",+{len(ranks) - 3}"
+    return ",".join(f"r{r}" for r in ranks)
+
+
 def _table(layout: Layout) -> list[str]:
     rows = [("shard", "rank", "box", "")]
     for i, s in enumerate(layout.shards):
@@ -125,7 +132,7 @@ def _grid(
         for i in range(r0, r1):
             for j in range(c0, c1):
                 owner[i][j] = k
-        labels.append(",".join(f"r{r}" for r in sorted(ranks)))
+        labels.append(_holders(sorted(ranks)))
         first_cell.append((r0, c0))
         spans.append((c0, c1))
     width = max([len(x) for x in labels] + [len(str(c)) for c in col_cuts]) + 2

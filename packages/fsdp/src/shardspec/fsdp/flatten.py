@@ -122,10 +122,17 @@ def _flatten_one(st: ShardedTensor) -> ShardedTensor:
         raise ConversionError(
             f"rank {me}: local chunk of shape {tuple(data.shape)} does not fit its box {my_box}"
         )
-    # One owner per distinct box (HSDP replicas: this rank if it holds it, else the lowest).
+    # One owner per distinct box (replicas, from TP Replicate or HSDP): this rank if it holds
+    # it, else a rank of this rank's FSDP group, else the lowest; the same choice as the
+    # inference in flat_layout makes, so both paths give one layout.
+    group = set(dist.get_process_group_ranks(inner._process_group))
+
+    def preference(rank: int) -> tuple[int, int]:
+        return (0 if rank == me else 1 if rank in group else 2, rank)
+
     chosen: dict[Box, int] = {}
     for s in layout.shards:
-        if s.box not in chosen or s.rank == me:
+        if s.box not in chosen or preference(s.rank) < preference(chosen[s.box]):
             chosen[s.box] = s.rank
     flat = Layout(shape, [Shard(b, r) for b, r in chosen.items()])
     return _make_st(flat, me, [(my_box, data)], data, None)

@@ -1,0 +1,367 @@
+"""What each rank runs in the real FSDP + TP worlds; every function returns plain data
+(``{check name: [failure messages]}`` plus facts) for the driver to assert on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed.fsdp
+from torch import nn
+
+from shardspec.fsdp.placements import Replicate, ShardDim, from_torch
+from shardspec.fsdp.rules import dtensor_layout, fsdp_tp_layout
+
+# Uneven on a 2x2 mesh: 7 rows over TP 2 -> [0,4) [4,7), then FSDP 2 -> 2,2 / 2,1.
+DIMS = (10, 7, 5, 6)
+
+
+def make_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(DIMS[0], DIMS[1]),
+        nn.ReLU(),
+        nn.Linear(DIMS[1], DIMS[2]),
+        nn.ReLU(),
+        nn.Linear(DIMS[2], DIMS[3]),  # not in the TP plan: FSDP only
+    )
+
+
+TP_OF = {
+    "0.weight": ShardDim(0),
+    "0.bias": ShardDim(0),
+    "2.weight": ShardDim(1),
+    "2.bias": Replicate(),
+}
+
+
+def tp_plan() -> dict[str, Any]:
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    # Colwise hands Rowwise a DTensor: a plain local activation would be rebuilt with
+    # from_local, which assumes even shards and breaks on the uneven hidden dim of 7.
+    return {"0": ColwiseParallel(use_local_output=False), "2": RowwiseParallel()}
+
+
+def clean(fqn: str) -> str:
+    for junk in ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "module."):
+        fqn = fqn.replace(junk, "")
+    return fqn
+
+
+def _no_tp_ranks(dp: int, tp: int) -> list[int]:
+    # A parameter outside the TP plan is chunked over dp and replicated over tp: as a layout on
+    # (replicate=tp, dp, tp=1) the ranks are listed tp-major.
+    return [p * tp + t for t in range(tp) for p in range(dp)]
+
+
+def expected_box(name: str, shape: tuple[int, ...], rank: int, dp: int, tp: int) -> Any:
+    if name in TP_OF:
+        layout = fsdp_tp_layout(shape, TP_OF[name], dp=dp, tp_size=tp)
+    else:
+        layout = fsdp_tp_layout(
+            shape, Replicate(), dp=dp, tp_size=1, replicate=tp, ranks=_no_tp_ranks(dp, tp)
+        )
+    (box,) = layout.boxes_of(rank)
+    return box
+
+
+def _local(v: Any) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return v.to_local() if isinstance(v, DTensor) else v
+
+
+def _check_dtensor_entries(
+    sd: dict[str, Any],
+    ref: dict[str, torch.Tensor],
+    rank: int,
+    dp: int,
+    tp: int,
+    what: str,
+    atol: float = 0.0,
+) -> list[str]:
+    from torch.distributed.tensor import DTensor
+
+    bad: list[str] = []
+    seen = set()
+    for key, value in sd.items():
+        name = clean(key)
+        if name not in ref:
+            continue
+        seen.add(name)
+        full = ref[name]
+        box = expected_box(name, tuple(full.shape), rank, dp, tp)
+        if not isinstance(value, DTensor):
+            bad.append(f"{what} {name}: {type(value).__name__}, not a DTensor")
+            continue
+        local = value.to_local()
+        want = full[box.slices()]
+        if tuple(local.shape) != tuple(want.shape) or not torch.allclose(
+            local.float(), want.float(), atol=atol, rtol=0
+        ):
+            bad.append(f"{what} {name} rank {rank}: local {tuple(local.shape)} != ref box {box}")
+        mesh_shape = tuple(value.device_mesh.mesh.shape)
+        claimed = dtensor_layout(
+            tuple(value.shape),
+            mesh_shape,
+            [from_torch(p) for p in value.placements],
+            ranks=value.device_mesh.mesh.reshape(-1).tolist(),
+        )
+        if claimed.boxes_of(rank) != (box,) and not (
+            box.is_empty and all(b.is_empty for b in claimed.boxes_of(rank))
+        ):
+            bad.append(
+                f"{what} {name} rank {rank}: placements {value.placements} claim "
+                f"{claimed.boxes_of(rank)}, data is {box}"
+            )
+    if seen != set(ref):
+        bad.append(f"{what}: checked {sorted(seen)}, but should be {sorted(ref)}")
+    return bad
+
+
+def reference_step(seed: int, x: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """One Adam step of the plain model: parameters and exp_avg after it."""
+    model = make_model(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(x).sum().backward()
+    opt.step()
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    names = [k for k, _ in model.named_parameters()]
+    avg = {names[i]: s["exp_avg"].clone() for i, s in enumerate(opt.state.values())}
+    return params, avg
+
+
+def fsdp1_world(rank: int, world: int, use_ours: bool, ckpt_dir: str) -> dict[str, Any]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import StateDictType
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from shardspec.fsdp import install
+
+    dp, tp = 2, 2
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    ref_model = make_model()
+    ref = {k: v.detach().clone() for k, v in ref_model.state_dict().items()}
+    model = make_model()
+    parallelize_module(model, mesh["tp"], tp_plan())
+    # use_orig_params=False: with True, FSDP1's optim_state_dict reshapes uneven TP state to
+    # local size * TP size (_unflatten_orig_param_states) and fails for 7 rows over 2.
+    model = FSDP(model, device_mesh=mesh["dp"], device_id=torch.device("cpu"))
+    out: dict[str, Any] = {}
+    if use_ours:
+        ext = install(model)
+        from torch.distributed.fsdp._traversal_utils import _get_fsdp_handles, _get_fsdp_states
+
+        out["install"] = [
+            f"state {i} has {type(s._fsdp_extension).__name__}"
+            for i, s in enumerate(_get_fsdp_states(model))
+            if s._fsdp_extension is not ext
+        ] + [
+            f"handle {i} has {type(h._fsdp_extension).__name__}"
+            for i, h in enumerate(_get_fsdp_handles(model))
+            if h._fsdp_extension is not ext
+        ]
+    with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+        sd = model.state_dict()
+    out["state_dict"] = _check_dtensor_entries(sd, ref, rank, dp, tp, "param")
+
+    # One Adam step, then parameters and optimizer state against the plain model's.
+    x = torch.randn(3, DIMS[0], generator=torch.Generator().manual_seed(1))
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(x).sum().backward()
+    opt.step()
+    ref_params, ref_avg = reference_step(0, x)
+    with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+        sd2 = model.state_dict()
+        osd = FSDP.optim_state_dict(model, opt)
+    out["after_step"] = _check_dtensor_entries(sd2, ref_params, rank, dp, tp, "param", 1e-5)
+    avg = {k: s["exp_avg"] for k, s in osd["state"].items()}
+    out["optim_state"] = _check_dtensor_entries(avg, ref_avg, rank, dp, tp, "exp_avg", 1e-5)
+
+    # DCP: save the 2-D state dict; read it back as full tensors (every rank reads the whole
+    # tensor) and into a 1-D FSDP2 model over all 4 ranks.
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"model": sd2}, checkpoint_id=ckpt_dir)
+    full = {k: torch.zeros_like(v) for k, v in ref_params.items()}
+    dcp.load({"model": full}, checkpoint_id=ckpt_dir)
+    out["dcp_full"] = [
+        f"dcp full {k}: max diff {float((full[k] - ref_params[k]).abs().max())}"
+        for k in full
+        if not torch.allclose(full[k], ref_params[k], atol=1e-5, rtol=0)
+    ]
+    from torch.distributed.fsdp import fully_shard
+
+    mesh1 = init_device_mesh("cpu", (world,), mesh_dim_names=("all",))
+    m2 = make_model(seed=123)
+    for i in (0, 2, 4):
+        fully_shard(m2[i], mesh=mesh1)
+    fully_shard(m2, mesh=mesh1)
+    sd3 = m2.state_dict()
+    dcp.load({"model": sd3}, checkpoint_id=ckpt_dir)
+    out["dcp_fsdp2_1d"] = [
+        f"dcp -> FSDP2 dp=4 {k}: differs"
+        for k, v in sd3.items()
+        if not torch.allclose(v.full_tensor(), ref_params[k], atol=1e-5, rtol=0)
+    ]
+    return out
+
+
+def fsdp2_world(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    dp, tp = 2, 2
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    ref = {k: v.detach().clone() for k, v in make_model().state_dict().items()}
+    model = make_model()
+    parallelize_module(model, mesh["tp"], tp_plan())
+    for i in (0, 2, 4):
+        fully_shard(model[i], mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    out: dict[str, Any] = {}
+    out["fsdp2_params"] = _check_dtensor_entries(
+        dict(model.named_parameters()), ref, rank, dp, tp, "fsdp2 param"
+    )
+    x = torch.randn(3, DIMS[0], generator=torch.Generator().manual_seed(1))
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(x).sum().backward()
+    opt.step()
+    ref_params, ref_avg = reference_step(0, x)
+    out["fsdp2_after_step"] = _check_dtensor_entries(
+        dict(model.named_parameters()), ref_params, rank, dp, tp, "fsdp2 param", 1e-5
+    )
+    avg = {n: opt.state[p]["exp_avg"] for n, p in model.named_parameters()}
+    out["fsdp2_optim_state"] = _check_dtensor_entries(avg, ref_avg, rank, dp, tp, "exp_avg", 1e-5)
+
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"model": model.state_dict()}, checkpoint_id=ckpt_dir)
+    full = {k: torch.zeros_like(v) for k, v in ref_params.items()}
+    dcp.load({"model": full}, checkpoint_id=ckpt_dir)
+    out["fsdp2_dcp_full"] = [
+        f"dcp full {k}: differs"
+        for k in full
+        if not torch.allclose(full[k], ref_params[k], atol=1e-5)
+    ]
+    out.update(_chunk_and_flatten_checks(rank, mesh, ref, dp, tp))
+    return out
+
+
+def _chunk_and_flatten_checks(
+    rank: int, mesh: Any, ref: dict[str, torch.Tensor], dp: int, tp: int
+) -> dict[str, Any]:
+    """ShardedTensor path: our chunk_tensor on the unsharded TP parameters (what FSDP1 hands
+    its hook), then flatten_sharded_tensors, against the rules and the reference."""
+    from torch.distributed.checkpoint._sharded_tensor_utils import _flatten_sharded_tensors
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    from shardspec.fsdp import DTensorExtensions, flatten_sharded_tensors
+    from shardspec.fsdp.extensions import LAYOUT_ATTR
+    from shardspec.fsdp.flatten import layout_of
+    from shardspec.metadata import Box
+
+    ext = DTensorExtensions()
+    dp_pg = mesh["dp"].get_group()
+    p = mesh.get_coordinate()[0]
+    tp_model = make_model()
+    parallelize_module(tp_model, mesh["tp"], tp_plan())
+    chunks = {
+        n: ext.chunk_tensor(v.detach(), p, dp, 1, dp_pg)
+        for n, v in list(tp_model.named_parameters()) + [("4.weight", tp_model[4].weight)]
+    }
+    bad_chunk: list[str] = []
+    tp_ranks = mesh["tp"].mesh.tolist()
+    for n, st in chunks.items():
+        if n not in TP_OF:
+            continue
+        outer = layout_of(st)
+        if TP_OF[n] != Replicate():
+            owners = sorted(s.rank for s in outer.shards)
+            if owners != sorted(tp_ranks):
+                bad_chunk.append(
+                    f"{n}: outer owners {owners}, but should be the TP group {tp_ranks}"
+                )
+        inner, shards = ext.pre_load_state_dict_transform(st)
+        box = expected_box(n, tuple(ref[n].shape), rank, dp, tp)
+        if len(shards) != 1 or not torch.equal(shards[0].tensor, ref[n][box.slices()]):
+            bad_chunk.append(f"{n}: local chunk is not ref{box}")
+        inner_owners = sorted(s.rank for s in layout_of(inner).shards)
+        if inner_owners != sorted(mesh["dp"].mesh.tolist()):
+            bad_chunk.append(f"{n}: inner owners {inner_owners}")
+    bad_flat: list[str] = []
+    flat = flatten_sharded_tensors({"m": dict(chunks)})["m"]
+    for n, st in flat.items():
+        if n not in TP_OF:
+            continue
+        truth_l = fsdp_tp_layout(tuple(ref[n].shape), TP_OF[n], dp=dp, tp_size=tp)
+        got = layout_of(st)
+        for s in got.shards:
+            if s.box not in truth_l.boxes_of(s.rank):
+                bad_flat.append(f"{n}: flat shard {s} is not what rank {s.rank} holds")
+        if {s.box for s in got.shards} != {s.box for s in truth_l.shards}:
+            bad_flat.append(f"{n}: flat boxes {got} differ from {truth_l}")
+        (ls,) = st.local_shards()
+        if not torch.equal(
+            ls.tensor,
+            ref[n][
+                tuple(
+                    slice(o, o + z)
+                    for o, z in zip(ls.metadata.shard_offsets, ls.metadata.shard_sizes)
+                )
+            ],
+        ):
+            bad_flat.append(f"{n}: flat local data")
+        if Box(ls.metadata.shard_offsets, ls.metadata.shard_sizes) != expected_box(
+            n, tuple(ref[n].shape), rank, dp, tp
+        ):
+            bad_flat.append(f"{n}: flat local box {ls.metadata}")
+    # the same without the attached layout: owners inferred from the two groups
+    for n, st in chunks.items():
+        if n in TP_OF and hasattr(st, LAYOUT_ATTR):
+            delattr(st, LAYOUT_ATTR)
+    flat2 = flatten_sharded_tensors({"m": chunks})["m"]
+    for n in TP_OF:
+        if layout_of(flat2[n]) != layout_of(flat[n]):
+            bad_flat.append(
+                f"{n}: inferred flat layout {layout_of(flat2[n])} != {layout_of(flat[n])}"
+            )
+
+    # An entry with no local FSDP chunk: Linear(10, 2) colwise, 1 row per TP rank over dp=2.
+    small = nn.Linear(DIMS[0], 2)
+    torch.manual_seed(5)
+    small = nn.Linear(DIMS[0], 2)
+    full_w = small.weight.detach().clone()
+    parallelize_module(small, mesh["tp"], ColwiseParallel())
+    facts: dict[str, Any] = {}
+    from torch.distributed.tensor.parallel.fsdp import _chunk_tensor as upstream_chunk
+
+    try:
+        # upstream names a scapegoat rank (0 or 1) that is not in the TP group of ranks 2, 3
+        up = upstream_chunk(small.weight.detach(), p, dp, 1, dp_pg)
+        up_flat = _flatten_sharded_tensors({"w": up})
+        facts["upstream_keeps_empty"] = "w" in up_flat
+    except Exception as e:
+        facts["upstream_keeps_empty"] = f"raised {type(e).__name__}: {e}"
+    ours = flatten_sharded_tensors({"w": ext.chunk_tensor(small.weight.detach(), p, dp, 1, dp_pg)})
+    if "w" not in ours:
+        bad_flat.append("empty entry dropped")
+    else:
+        (ls,) = ours["w"].local_shards()
+        want = fsdp_tp_layout((2, DIMS[0]), ShardDim(0), dp=dp, tp_size=tp).boxes_of(rank)
+        got_box = Box(ls.metadata.shard_offsets, ls.metadata.shard_sizes)
+        if (got_box,) != want or not torch.equal(ls.tensor, full_w[got_box.slices()]):
+            bad_flat.append(f"small: rank {rank} flat box {got_box}, but should be {want}")
+    # upstream's offsets for the uneven 7-row weight
+    try:
+        st_up = upstream_chunk(tp_model[0].weight.detach(), p, dp, 1, dp_pg)
+        facts["upstream_outer_7"] = sorted(
+            (tuple(m.shard_offsets), tuple(m.shard_sizes), str(m.placement))
+            for m in st_up.metadata().shards_metadata
+        )
+    except Exception as e:
+        facts["upstream_outer_7"] = f"raised {type(e).__name__}: {e}"
+    return {"chunk_tensor": bad_chunk, "flatten": bad_flat, "facts": facts}

@@ -431,3 +431,73 @@ def test_nested_shards_of_one_dim_refine_left_to_right(n: int, sides: list[int])
     nonempty = [b for s in layout.shards for b in [s.box] if b.sizes[0]]
     assert [b.offsets[0] for b in nonempty] == sorted(b.offsets[0] for b in nonempty)
     assert sum(b.sizes[0] for b in nonempty) == n
+
+
+# --- the strategies reach the edges (a strategy that misses one is a bug) -------------------
+
+
+def _mesh_shape(mesh: Any) -> tuple[int, ...]:
+    return flat_mesh(mesh)[0]
+
+
+def _nested(case: Any) -> bool:
+    shards = [p.dim % len(case[0]) for p in case[2] if not isinstance(p, Replicate)]
+    return len(shards) != len(set(shards))
+
+
+def _multi_box(case: Any) -> bool:
+    layout = dtensor_layout(*case)
+    return any(len(layout.boxes_of(r)) > 1 for r in layout.ranks)
+
+
+def _empty_nested(case: Any) -> bool:
+    layout = dtensor_layout(*case)
+    return _nested(case) and any(
+        s.box.is_empty and 0 < s.box.offsets[d] < case[0][d]
+        for s in layout.shards
+        for d in range(len(case[0]))
+        if s.box.sizes[d] == 0
+    )
+
+
+@pytest.mark.parametrize(
+    ("what", "predicate"),
+    [
+        ("a 0-d tensor", lambda c: c[0] == ()),
+        ("a zero-size dim", lambda c: 0 in c[0]),
+        ("a 4-D mesh", lambda c: len(_mesh_shape(c[1])) == 4),
+        (
+            "a size-1 mesh dim beside a bigger one",
+            lambda c: 1 in _mesh_shape(c[1]) and max(_mesh_shape(c[1])) > 1,
+        ),
+        (
+            "ranks not numbered in mesh order",
+            lambda c: flat_mesh(c[1])[1] != sorted(flat_mesh(c[1])[1]),
+        ),
+        (
+            "more ranks on a sharding mesh dim than rows",
+            lambda c: any(
+                not isinstance(p, Replicate)
+                and c[0]
+                and _mesh_shape(c[1])[m] > c[0][p.dim % len(c[0])]
+                for m, p in enumerate(c[2])
+            ),
+        ),
+        (
+            "a negative shard dim",
+            lambda c: any(not isinstance(p, Replicate) and p.dim < 0 for p in c[2]),
+        ),
+        ("nested shards of one dim", _nested),
+        (
+            "a _StridedShard with split_factor > 1",
+            lambda c: any(isinstance(p, _StridedShard) and p.split_factor > 1 for p in c[2]),
+        ),
+        ("a local tensor that is several boxes", _multi_box),
+        ("a nested empty shard inside the dim", _empty_nested),
+    ],
+)
+def test_dtensor_cases_reach(what: str, predicate: Any) -> None:
+    from hypothesis import find
+    from hypothesis import settings as hsettings
+
+    find(dtensor_cases(), predicate, settings=hsettings(max_examples=5000, database=None))

@@ -325,20 +325,21 @@ def _factor_candidates(parent: Piece, children: list[Piece]) -> list[_Interval]:
 
 def _local_spans(parent: Piece, child: Piece) -> list[tuple[int, int]] | None:
     """``child``'s elements as spans of local positions in ``parent`` (None if not inside)."""
-    starts = []
+    firsts = [a for a, _ in parent.runs]
+    local: list[int] = []  # local position of each parent run's first element
     acc = 0
     for a, b in parent.runs:
-        starts.append((a, b, acc))
+        local.append(acc)
         acc += b - a
     spans: list[tuple[int, int]] = []
     for a, b in child.runs:
         while a < b:
-            hit = next(((ra, rb, p) for ra, rb, p in starts if ra <= a < rb), None)
-            if hit is None:
+            i = bisect_right(firsts, a) - 1
+            if i < 0 or a >= parent.runs[i][1]:
                 return None
-            ra, rb, p = hit
+            ra, rb = parent.runs[i]
             take = min(b, rb) - a
-            lo = p + (a - ra)
+            lo = local[i] + (a - ra)
             if spans and spans[-1][1] == lo:
                 spans[-1] = (spans[-1][0], lo + take)
             else:

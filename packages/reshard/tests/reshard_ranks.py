@@ -47,6 +47,10 @@ def _worker(rank: int, world: int, port: int, conn: Any) -> None:
         dist.destroy_process_group()
 
 
+class RankDied(Exception):
+    """A rank's process exited mid-call (a gloo abort kills the process)."""
+
+
 class RankPool:
     def __init__(self, world: int, *, timeout: float = 120.0) -> None:
         self.world = world
@@ -77,10 +81,7 @@ class RankPool:
             conn.send((fn, per_rank[r] if per_rank is not None else args))
         answers = []
         for r, conn in enumerate(self._conns):
-            if not conn.poll(self.timeout):
-                self.close(force=True)
-                raise TimeoutError(f"rank {r} did not answer within {self.timeout} s (hang?)")
-            answers.append(conn.recv())
+            answers.append(self._answer(r, conn))
         errors = [RankError(r, *a[1:]) for r, a in enumerate(answers) if a[0] == "err"]
         if errors:
             raise errors[0]
@@ -94,12 +95,24 @@ class RankPool:
             conn.send((fn, per_rank[r] if per_rank is not None else args))
         answers = []
         for r, conn in enumerate(self._conns):
-            if not conn.poll(self.timeout):
-                self.close(force=True)
-                raise TimeoutError(f"rank {r} did not answer within {self.timeout} s (hang?)")
-            a = conn.recv()
+            a = self._answer(r, conn)
             answers.append(("ok", a[1]) if a[0] == "ok" else ("err", a[1], a[2]))
         return answers
+
+    def _answer(self, rank: int, conn: Any) -> Any:
+        try:
+            ready = conn.poll(self.timeout)
+            if ready:
+                return conn.recv()
+        except (EOFError, ConnectionError) as e:
+            self.close(force=True)
+            raise RankDied(f"rank {rank} died (its process exited): {e!r}") from None
+        self.close(force=True)
+        raise TimeoutError(f"rank {rank} did not answer within {self.timeout} s (hang?)")
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.is_alive() for p in self._procs)
 
     def close(self, *, force: bool = False) -> None:
         if not force:

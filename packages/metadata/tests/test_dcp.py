@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 from metadata_oracle import box_points, points
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,

@@ -6,8 +6,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import assume, given
-from hypothesis import strategies as st
+from hypothesis import assume, given, strategies as st
 
 from shardspec.metadata import (
     Box,

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 from metadata_oracle import box_points
 from torch.distributed._shard.metadata import ShardMetadata
 from torch.distributed._shard.sharded_tensor.metadata import TensorProperties

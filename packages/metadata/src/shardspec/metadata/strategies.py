@@ -8,6 +8,7 @@ Every strategy shrinks towards small shapes, few ranks and shard order as built.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any
 
 from hypothesis import strategies as st
@@ -35,9 +36,9 @@ def shapes(
     *, min_dims: int = 0, max_dims: int = 4, min_side: int = 0, max_side: int = 7
 ) -> st.SearchStrategy[tuple[int, ...]]:
     """Tensor shapes, zero-size dims included unless ``min_side`` > 0."""
-    return st.lists(
-        st.integers(min_side, max_side), min_size=min_dims, max_size=max_dims
-    ).map(tuple)
+    return st.lists(st.integers(min_side, max_side), min_size=min_dims, max_size=max_dims).map(
+        tuple
+    )
 
 
 @st.composite
@@ -62,7 +63,7 @@ def partitions(draw: st.DrawFn, n: int, *, max_parts: int = 4) -> list[tuple[int
     parts = draw(st.integers(1, max_parts))
     cuts = sorted(draw(st.lists(st.integers(0, n), min_size=parts - 1, max_size=parts - 1)))
     edges = [0, *cuts, n]
-    return list(zip(edges[:-1], edges[1:]))
+    return list(pairwise(edges))
 
 
 @st.composite
@@ -78,9 +79,7 @@ def grid_layouts(
     per_dim = [draw(partitions(n)) for n in shp]
     cells: list[Box] = [Box((), ())]
     for intervals in per_dim:
-        cells = [
-            Box((*c.offsets, a), (*c.sizes, b - a)) for c in cells for (a, b) in intervals
-        ]
+        cells = [Box((*c.offsets, a), (*c.sizes, b - a)) for c in cells for (a, b) in intervals]
     nranks = draw(st.integers(1, max_ranks))
     shards = [Shard(c, draw(st.integers(0, nranks - 1))) for c in cells]
     return _dedupe_rank_boxes(Layout(shp, shards))
@@ -217,8 +216,7 @@ def dtensor_placements(
     """torch placements, one per mesh dim: ``Replicate()``, ``Shard(d)`` and
     ``_StridedShard(d, split_factor=f)`` on any dim (negative dims too), so that nested shards
     of one dim on several mesh dims are common. Needs torch."""
-    from torch.distributed.tensor.placement_types import Replicate, _StridedShard
-    from torch.distributed.tensor.placement_types import Shard as TShard
+    from torch.distributed.tensor.placement_types import Replicate, Shard as TShard, _StridedShard
 
     out: list[Any] = []
     for _ in range(mesh_ndim):

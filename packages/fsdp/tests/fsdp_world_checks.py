@@ -12,19 +12,18 @@ from torch import nn
 from shardspec.fsdp.placements import Replicate, ShardDim, from_torch
 from shardspec.fsdp.rules import dtensor_layout, fsdp_tp_layout
 
-# Uneven on a 2x2 mesh: 7 rows over TP 2 -> [0,4) [4,7), then FSDP 2 -> 2,2 / 2,1.
-DIMS = (10, 7, 5, 6)
+# Uneven on a 2x2 mesh: 7 rows over TP 2 -> [0,4) [4,7), then FSDP 2 -> 2,2 / 2,1; 14 -> 7,7
+# -> 4,3; 6 -> 3,3 -> 2,1; the last Linear is outside the TP plan (3 rows over dp 2).
+DIMS = (10, 7, 5, 14, 6, 3)
+LINEARS = (0, 2, 4, 6, 8)
 
 
 def make_model(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(
-        nn.Linear(DIMS[0], DIMS[1]),
-        nn.ReLU(),
-        nn.Linear(DIMS[1], DIMS[2]),
-        nn.ReLU(),
-        nn.Linear(DIMS[2], DIMS[3]),  # not in the TP plan: FSDP only
-    )
+    layers: list[nn.Module] = []
+    for i in range(len(DIMS) - 1):
+        layers += [nn.Linear(DIMS[i], DIMS[i + 1]), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
 
 
 TP_OF = {
@@ -32,6 +31,10 @@ TP_OF = {
     "0.bias": ShardDim(0),
     "2.weight": ShardDim(1),
     "2.bias": Replicate(),
+    "4.weight": ShardDim(0),
+    "4.bias": ShardDim(0),
+    "6.weight": ShardDim(1),
+    "6.bias": Replicate(),
 }
 
 
@@ -40,7 +43,12 @@ def tp_plan() -> dict[str, Any]:
 
     # Colwise hands Rowwise a DTensor: a plain local activation would be rebuilt with
     # from_local, which assumes even shards and breaks on the uneven hidden dim of 7.
-    return {"0": ColwiseParallel(use_local_output=False), "2": RowwiseParallel()}
+    return {
+        "0": ColwiseParallel(use_local_output=False),
+        "2": RowwiseParallel(),
+        "4": ColwiseParallel(use_local_output=False),
+        "6": RowwiseParallel(),
+    }
 
 
 def clean(fqn: str) -> str:
@@ -56,13 +64,7 @@ def _no_tp_ranks(dp: int, tp: int) -> list[int]:
 
 
 def expected_box(name: str, shape: tuple[int, ...], rank: int, dp: int, tp: int) -> Any:
-    if name in TP_OF:
-        layout = fsdp_tp_layout(shape, TP_OF[name], dp=dp, tp_size=tp)
-    else:
-        layout = fsdp_tp_layout(
-            shape, Replicate(), dp=dp, tp_size=1, replicate=tp, ranks=_no_tp_ranks(dp, tp)
-        )
-    (box,) = layout.boxes_of(rank)
+    (box,) = _truth_layout(name, shape, dp, tp).boxes_of(rank)
     return box
 
 
@@ -81,7 +83,14 @@ def _check_dtensor_entries(
     what: str,
     atol: float = 0.0,
 ) -> list[str]:
+    """Every entry of ``sd`` that names a reference tensor holds, on this rank, exactly the box
+    of FSDP-1, and says so: a DTensor's placements claim that box, a (flat) ShardedTensor's
+    local shard sits at it and its metadata gives every box of FSDP-1 with a real owner."""
+    from torch.distributed._shard.sharded_tensor.api import ShardedTensor
     from torch.distributed.tensor import DTensor
+
+    from shardspec.fsdp.flatten import layout_of
+    from shardspec.metadata import Box
 
     bad: list[str] = []
     seen = set()
@@ -92,32 +101,52 @@ def _check_dtensor_entries(
         seen.add(name)
         full = ref[name]
         box = expected_box(name, tuple(full.shape), rank, dp, tp)
-        if not isinstance(value, DTensor):
-            bad.append(f"{what} {name}: {type(value).__name__}, not a DTensor")
+        if isinstance(value, ShardedTensor):
+            (shard,) = value.local_shards()
+            local = shard.tensor
+            got = Box(shard.metadata.shard_offsets, shard.metadata.shard_sizes)
+            if got != box:
+                bad.append(f"{what} {name} rank {rank}: local shard at {got}, data is {box}")
+            layout = layout_of(value)
+            layout.validate()
+            truth_l = _truth_layout(name, tuple(full.shape), dp, tp)
+            for s in layout.shards:
+                if s.box not in truth_l.boxes_of(s.rank):
+                    bad.append(f"{what} {name}: metadata gives {s.box} to rank {s.rank}")
+        elif isinstance(value, DTensor):
+            local = value.to_local()
+            mesh_shape = tuple(value.device_mesh.mesh.shape)
+            claimed = dtensor_layout(
+                tuple(value.shape),
+                mesh_shape,
+                [from_torch(p) for p in value.placements],
+                ranks=value.device_mesh.mesh.reshape(-1).tolist(),
+            )
+            mine = claimed.boxes_of(rank)
+            if mine != (box,) and not (box.is_empty and all(b.is_empty for b in mine)):
+                bad.append(
+                    f"{what} {name} rank {rank}: placements {value.placements} claim "
+                    f"{mine}, data is {box}"
+                )
+        else:
+            bad.append(f"{what} {name}: {type(value).__name__}, not a DTensor or ShardedTensor")
             continue
-        local = value.to_local()
         want = full[box.slices()]
         if tuple(local.shape) != tuple(want.shape) or not torch.allclose(
             local.float(), want.float(), atol=atol, rtol=0
         ):
             bad.append(f"{what} {name} rank {rank}: local {tuple(local.shape)} != ref box {box}")
-        mesh_shape = tuple(value.device_mesh.mesh.shape)
-        claimed = dtensor_layout(
-            tuple(value.shape),
-            mesh_shape,
-            [from_torch(p) for p in value.placements],
-            ranks=value.device_mesh.mesh.reshape(-1).tolist(),
-        )
-        if claimed.boxes_of(rank) != (box,) and not (
-            box.is_empty and all(b.is_empty for b in claimed.boxes_of(rank))
-        ):
-            bad.append(
-                f"{what} {name} rank {rank}: placements {value.placements} claim "
-                f"{claimed.boxes_of(rank)}, data is {box}"
-            )
     if seen != set(ref):
         bad.append(f"{what}: checked {sorted(seen)}, but should be {sorted(ref)}")
     return bad
+
+
+def _truth_layout(name: str, shape: tuple[int, ...], dp: int, tp: int) -> Any:
+    if name in TP_OF:
+        return fsdp_tp_layout(shape, TP_OF[name], dp=dp, tp_size=tp)
+    return fsdp_tp_layout(
+        shape, Replicate(), dp=dp, tp_size=1, replicate=tp, ranks=_no_tp_ranks(dp, tp)
+    )
 
 
 def reference_step(seed: int, x: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -132,15 +161,15 @@ def reference_step(seed: int, x: torch.Tensor) -> tuple[dict[str, torch.Tensor],
     return params, avg
 
 
-def fsdp1_world(rank: int, world: int, use_ours: bool, ckpt_dir: str) -> dict[str, Any]:
+def fsdp1_world(
+    rank: int, world: int, use_ours: bool, ckpt_dir: str, dp: int = 2, tp: int = 2
+) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp import StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, StateDictType
     from torch.distributed.tensor.parallel import parallelize_module
 
     from shardspec.fsdp import install
 
-    dp, tp = 2, 2
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
     ref_model = make_model()
     ref = {k: v.detach().clone() for k, v in ref_model.state_dict().items()}
@@ -184,6 +213,9 @@ def fsdp1_world(rank: int, world: int, use_ours: bool, ckpt_dir: str) -> dict[st
     # tensor) and into a 1-D FSDP2 model over all 4 ranks.
     import torch.distributed.checkpoint as dcp
 
+    out["facts"] = {
+        "entry_types": {clean(k): type(v).__name__ for k, v in sd2.items()},
+    }
     dcp.save({"model": sd2}, checkpoint_id=ckpt_dir)
     full = {k: torch.zeros_like(v) for k, v in ref_params.items()}
     dcp.load({"model": full}, checkpoint_id=ckpt_dir)
@@ -192,11 +224,25 @@ def fsdp1_world(rank: int, world: int, use_ours: bool, ckpt_dir: str) -> dict[st
         for k in full
         if not torch.allclose(full[k], ref_params[k], atol=1e-5, rtol=0)
     ]
+    if use_ours:
+        fresh = make_model(seed=321)
+        parallelize_module(fresh, mesh["tp"], tp_plan())
+        fresh = FSDP(fresh, device_mesh=mesh["dp"], device_id=torch.device("cpu"))
+        install(fresh)
+        with FSDP.state_dict_type(fresh, StateDictType.SHARDED_STATE_DICT):
+            target = fresh.state_dict()
+            dcp.load({"model": target}, checkpoint_id=ckpt_dir)
+            fresh.load_state_dict(target)
+            back = fresh.state_dict()
+        out["dcp_fsdp1_load"] = _check_dtensor_entries(
+            back, ref_params, rank, dp, tp, "reload", 1e-5
+        )
+
     from torch.distributed.fsdp import fully_shard
 
     mesh1 = init_device_mesh("cpu", (world,), mesh_dim_names=("all",))
     m2 = make_model(seed=123)
-    for i in (0, 2, 4):
+    for i in LINEARS:
         fully_shard(m2[i], mesh=mesh1)
     fully_shard(m2, mesh=mesh1)
     sd3 = m2.state_dict()
@@ -219,7 +265,7 @@ def fsdp2_world(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
     ref = {k: v.detach().clone() for k, v in make_model().state_dict().items()}
     model = make_model()
     parallelize_module(model, mesh["tp"], tp_plan())
-    for i in (0, 2, 4):
+    for i in LINEARS:
         fully_shard(model[i], mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
     out: dict[str, Any] = {}
@@ -270,8 +316,7 @@ def _chunk_and_flatten_checks(
     tp_model = make_model()
     parallelize_module(tp_model, mesh["tp"], tp_plan())
     chunks = {
-        n: ext.chunk_tensor(v.detach(), p, dp, 1, dp_pg)
-        for n, v in list(tp_model.named_parameters()) + [("4.weight", tp_model[4].weight)]
+        n: ext.chunk_tensor(v.detach(), p, dp, 1, dp_pg) for n, v in tp_model.named_parameters()
     }
     bad_chunk: list[str] = []
     tp_ranks = mesh["tp"].mesh.tolist()
@@ -365,3 +410,61 @@ def _chunk_and_flatten_checks(
     except Exception as e:
         facts["upstream_outer_7"] = f"raised {type(e).__name__}: {e}"
     return {"chunk_tensor": bad_chunk, "flatten": bad_flat, "facts": facts}
+
+
+def fsdp2_full_tensor_world(
+    rank: int, world: int, dp: int, tp: int, ckpt_dir: str
+) -> dict[str, Any]:
+    """FSDP2 + TP on dp x tp: is every local parameter FSDP-1's box (the data), do
+    ``full_tensor()`` and a DCP round trip (which trusts the placements' offsets) give back
+    the parameters?"""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    ref = {k: v.detach().clone() for k, v in make_model().state_dict().items()}
+    model = make_model()
+    parallelize_module(model, mesh["tp"], tp_plan())
+    for i in LINEARS:
+        fully_shard(model[i], mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    data = []
+    for n, prm in model.named_parameters():
+        box = expected_box(n, tuple(ref[n].shape), rank, dp, tp)
+        if not torch.equal(prm.to_local(), ref[n][box.slices()]):
+            data.append(f"{n} rank {rank}: local data is not ref{box}")
+    wrong_full = [
+        n for n, prm in model.named_parameters() if not torch.equal(prm.full_tensor(), ref[n])
+    ]
+    import torch.distributed.checkpoint as dcp
+
+    facts: dict[str, Any] = {"wrong_full_tensor": wrong_full}
+    try:
+        dcp.save({"model": model.state_dict()}, checkpoint_id=ckpt_dir)
+        full = {k: torch.zeros_like(v) for k, v in ref.items()}
+        dcp.load({"model": full}, checkpoint_id=ckpt_dir)
+        facts["wrong_after_dcp"] = [k for k in full if not torch.equal(full[k], ref[k])]
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        facts["wrong_after_dcp"] = f"raised {type(e).__name__}: {str(e)[:300]}"
+    return {"fsdp2_data": data, "facts": facts}
+
+
+def two_by_two_world(rank: int, world: int, ckpt1: str, ckpt2: str) -> dict[str, Any]:
+    """Everything on the 2x2 mesh in one launch: FSDP1 with our hooks, then FSDP2."""
+    out = fsdp1_world(rank, world, True, ckpt1, 2, 2)
+    facts = out.pop("facts")
+    out.update(fsdp2_world(rank, world, ckpt2))
+    out["facts"].update(facts)
+    return out
+
+
+def three_by_two_world(rank: int, world: int, ckpt1: str, ckpt2: str) -> dict[str, Any]:
+    """dp=3 x tp=2, where no DTensor placements describe 7 rows (FSDP-5): FSDP1 with our hooks
+    (flat ShardedTensors there), then upstream FSDP2's own state dict through DCP."""
+    out = fsdp1_world(rank, world, True, ckpt1, 3, 2)
+    facts = out.pop("facts")
+    more = fsdp2_full_tensor_world(rank, world, 3, 2, ckpt2)
+    out["fsdp2_data"] = more["fsdp2_data"]
+    out["facts"] = {**facts, **more["facts"]}
+    return out

@@ -7,8 +7,7 @@ import itertools
 import pytest
 import torch
 from fsdp_oracle import arange, chunk_or_empty, fsdp_cases, fsdp_local
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from shardspec.fsdp.placements import Replicate, ShardDim, StridedShardDim, from_torch, to_torch
 from shardspec.fsdp.rules import (

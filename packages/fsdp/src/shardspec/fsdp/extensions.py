@@ -37,6 +37,9 @@ __all__ = ["DTensorExtensions", "install", "mesh_fsdp_layout"]
 # The attribute on an outer (TP) ShardedTensor that carries the 2-D layout with every owner's
 # global rank; flatten_sharded_tensors reads it.
 LAYOUT_ATTR = "_shardspec_layout"
+# On a flat ShardedTensor that chunk_dtensor returns instead of a DTensor: the root mesh dim
+# FSDP shards over, which all_gather_dtensor needs to reassemble the TP piece.
+FSDP_DIM_ATTR = "_shardspec_fsdp_mesh_dim"
 
 
 def _device_str(t: torch.Tensor) -> str:
@@ -325,19 +328,14 @@ class DTensorExtensions(FSDPExtensions):
             shape, tp, mesh_shape, list(range(root.size())), tp_dim=tp_dim, shard_dim=shard_dim
         )
         placements = _exact_placements(shape, mesh_shape, tp, tp_dim, tp_size, shard_dim, truth)
-        if placements is None:
-            raise ConversionError(
-                f"no DTensor placements describe FSDP's chunks of a parameter of shape {shape} "
-                f"with TP {tp} over {tp_size} and FSDP over {mesh_shape[shard_dim]} (FSDP-5: "
-                f"DTensor would put rows on the wrong ranks); save with ShardedTensor "
-                f"(StateDictType.SHARDED_STATE_DICT without a device_mesh) or pick sizes that "
-                f"split evenly"
-            )
         coord = root.get_coordinate()
         assert coord is not None
         p = coord[shard_dim]
         lo, hi = chunk_bounds(local.shape[0], mesh_shape[shard_dim])[p]
         mine = local[lo:hi].clone().contiguous()
+        if placements is None:
+            # No DTensor can say where these rows are (FSDP-5): a flat ShardedTensor can.
+            return self._flat_sharded_tensor(shape, tp, tp_dim, shard_dim, root, mine)
         contiguous_stride = _contiguous_stride(shape)
         return DTensor.from_local(
             mine,
@@ -348,13 +346,84 @@ class DTensorExtensions(FSDPExtensions):
             stride=contiguous_stride,
         )
 
+    def _flat_sharded_tensor(
+        self,
+        shape: tuple[int, ...],
+        tp: Placement,
+        tp_dim: int | None,
+        shard_dim: int,
+        root: DeviceMesh,
+        mine: torch.Tensor,
+    ) -> ShardedTensor:
+        ranks = [int(r) for r in root.mesh.reshape(-1).tolist()]
+        layout = mesh_fsdp_layout(
+            shape, tp, tuple(root.mesh.shape), ranks, tp_dim=tp_dim, shard_dim=shard_dim
+        )
+        me = dist.get_rank()
+        group = {int(r) for r in _ranks_along(root, shard_dim)}
+        (my_box,) = layout.boxes_of(me)
+        st = _make_st(one_owner_per_box(layout, me, group), me, [(my_box, mine)], mine, None)
+        setattr(st, FSDP_DIM_ATTR, shard_dim)
+        return st
+
     def all_gather_dtensor(self, tensor: DTensor, parent_mesh: DeviceMesh | None) -> torch.Tensor:
+        # chunk_dtensor returns a flat ShardedTensor where no DTensor is exact (FSDP-5).
+        if isinstance(tensor, ShardedTensor):
+            return gather_flat_sharded_tensor(tensor, parent_mesh)
         if parent_mesh is not None and parent_mesh != tensor.device_mesh:
             raise ConversionError(
                 f"all_gather_dtensor expects a DTensor on FSDP's root mesh {parent_mesh}, got one "
                 f"on {tensor.device_mesh}"
             )
         return gather_fsdp_dim(tensor)
+
+
+def gather_flat_sharded_tensor(st: ShardedTensor, root: DeviceMesh | None) -> torch.Tensor:
+    dim = getattr(st, FSDP_DIM_ATTR, None)
+    if root is None or dim is None:
+        raise ConversionError(
+            "all_gather_dtensor got a ShardedTensor that shardspec.fsdp's chunk_dtensor did not "
+            "build (it does not say which mesh dim FSDP shards); load into the state dict that "
+            "model.state_dict() returned"
+        )
+    (shard,) = st.local_shards()
+    local = shard.tensor
+    group = root.get_group(dim)
+    k = root.mesh.shape[dim]
+    # FSDP's chunks of one TP piece are consecutive along dim 0 in group order: gather the
+    # sizes, then the padded chunks, and concatenate the unpadded ones.
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(k)]
+    dist.all_gather(sizes, torch.tensor([local.shape[0]], dtype=torch.int64), group=group)
+    rows = [int(x.item()) for x in sizes]
+    width = max(rows)
+    buf = local.new_zeros((width, *local.shape[1:]))
+    buf[: local.shape[0]].copy_(local)
+    outs = [torch.empty_like(buf) for _ in range(k)]
+    dist.all_gather(outs, buf, group=group)
+    return torch.cat([o[:n] for o, n in zip(outs, rows)], dim=0)
+
+
+def one_owner_per_box(layout: Layout, me: int, group: set[int]) -> Layout:
+    """The layout with one owner per distinct box (replicas from TP Replicate or HSDP):
+    ``me`` if it holds the box, else a rank of ``group``, else the lowest; ShardedTensor
+    metadata cannot state replicas."""
+
+    def preference(rank: int) -> tuple[int, int]:
+        return (0 if rank == me else 1 if rank in group else 2, rank)
+
+    chosen: dict[Box, int] = {}
+    for s in layout.shards:
+        if s.box not in chosen or preference(s.rank) < preference(chosen[s.box]):
+            chosen[s.box] = s.rank
+    return Layout(layout.shape, [Shard(b, r) for b, r in chosen.items()])
+
+
+def _ranks_along(root: DeviceMesh, dim: int) -> list[int]:
+    coord = root.get_coordinate()
+    assert coord is not None
+    index: list[Any] = list(coord)
+    index[dim] = slice(None)
+    return [int(r) for r in root.mesh[tuple(index)].reshape(-1).tolist()]
 
 
 def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:

@@ -22,7 +22,7 @@ from torch.distributed._shard.sharded_tensor.api import ShardedTensor
 from shardspec.metadata import Box, ConversionError, Layout, Shard, chunk_bounds
 from shardspec.metadata.shard_metadata import from_sharded_tensor_metadata
 
-from .extensions import LAYOUT_ATTR, _make_st
+from .extensions import LAYOUT_ATTR, _make_st, one_owner_per_box
 from .rules import canonical_box
 
 __all__ = ["flat_layout", "flatten_sharded_tensors", "layout_of"]
@@ -122,17 +122,8 @@ def _flatten_one(st: ShardedTensor) -> ShardedTensor:
         raise ConversionError(
             f"rank {me}: local chunk of shape {tuple(data.shape)} does not fit its box {my_box}"
         )
-    # One owner per distinct box (replicas, from TP Replicate or HSDP): this rank if it holds
-    # it, else a rank of this rank's FSDP group, else the lowest; the same choice as the
-    # inference in flat_layout makes, so both paths give one layout.
+    # One owner per distinct box; the same choice flat_layout's inference makes, so both paths
+    # give one layout.
     group = set(dist.get_process_group_ranks(inner._process_group))
-
-    def preference(rank: int) -> tuple[int, int]:
-        return (0 if rank == me else 1 if rank in group else 2, rank)
-
-    chosen: dict[Box, int] = {}
-    for s in layout.shards:
-        if s.box not in chosen or preference(s.rank) < preference(chosen[s.box]):
-            chosen[s.box] = s.rank
-    flat = Layout(shape, [Shard(b, r) for b, r in chosen.items()])
+    flat = one_owner_per_box(layout, me, group)
     return _make_st(flat, me, [(my_box, data)], data, None)

@@ -61,8 +61,7 @@ def from_torch(placement: Any) -> Placement:
 
     ``Partial`` has no layout (the data is a sum of terms, not a piece) and is refused.
     """
-    from torch.distributed.tensor import Replicate as TReplicate
-    from torch.distributed.tensor import Shard as TShard
+    from torch.distributed.tensor import Replicate as TReplicate, Shard as TShard
     from torch.distributed.tensor.placement_types import _StridedShard
 
     if isinstance(placement, _StridedShard):
@@ -76,8 +75,7 @@ def from_torch(placement: Any) -> Placement:
 
 def to_torch(placement: Placement) -> Any:
     """The torch placement for one of ours."""
-    from torch.distributed.tensor import Replicate as TReplicate
-    from torch.distributed.tensor import Shard as TShard
+    from torch.distributed.tensor import Replicate as TReplicate, Shard as TShard
     from torch.distributed.tensor.placement_types import _StridedShard
 
     if isinstance(placement, StridedShardDim):

@@ -8,8 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from reshard_cases import (
     DTYPES,
     Case,

@@ -19,12 +19,14 @@ from reshard_frontend_cases import (
     st_upstream_reshard,
 )
 from reshard_ranks import RankPool
-from torch.distributed._shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec
-from torch.distributed._shard.sharding_spec import ShardMetadata as TorchShardMetadata
+from torch.distributed._shard.sharding_spec import (
+    ChunkShardingSpec,
+    EnumerableShardingSpec,
+    ShardMetadata as TorchShardMetadata,
+)
 from torch.distributed.tensor import Replicate, Shard
 
-from shardspec.metadata import Box, Layout, chunk_layout
-from shardspec.metadata import Shard as LShard
+from shardspec.metadata import Box, Layout, Shard as LShard, chunk_layout
 from shardspec.reshard import reference
 
 WORLD = 4

@@ -246,12 +246,12 @@ def _rel(
     offs, sizes = block
     return tuple(
         slice(po - oo + b, po - oo + b + s)
-        for po, oo, b, s in zip(piece.box.offsets, outer_offsets, offs, sizes)
+        for po, oo, b, s in zip(piece.offsets, outer_offsets, offs, sizes)
     )
 
 
 def _copy(job: _Job, p: Piece, src_t: torch.Tensor, dst_t: torch.Tensor) -> None:
-    whole = ((0,) * p.box.ndim, p.box.sizes)
+    whole = ((0,) * len(p.sizes), p.sizes)
     src_off = job.src.shards[p.src_shard].box.offsets
     dst_off = job.dst.shards[p.dst_shard].box.offsets
     dst_t[_rel(p, dst_off, whole)].copy_(src_t[_rel(p, src_off, whole)])
@@ -276,7 +276,7 @@ def _streams(jobs: list[_Job], rank: int, world: int, sending: bool) -> list[lis
         pieces = job.plan.sends(rank) if sending else job.plan.receives(rank)
         for p in pieces:
             peer = p.dst_rank if sending else p.src_rank
-            nbytes = p.box.numel * job.itemsize
+            nbytes = p.numel * job.itemsize
             streams[peer].append(_Entry(job, p, ends[peer], nbytes))
             ends[peer] = _align(ends[peer] + nbytes)
     return streams
@@ -396,7 +396,7 @@ def _copy_range(e: _Entry, e0: int, e1: int, buf: torch.Tensor, pos: int, *, pac
     else:
         tensor = job.outputs[p.dst_local]
         outer = job.dst.shards[p.dst_shard].box.offsets
-    for block in flat_blocks(p.box.sizes, e0, e1):
+    for block in flat_blocks(p.sizes, e0, e1):
         n = math.prod(block[1]) * job.itemsize
         wire = buf[pos : pos + n].view(job.dtype).view(block[1])
         view = tensor[_rel(p, outer, block)]

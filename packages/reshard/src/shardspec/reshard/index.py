@@ -19,6 +19,7 @@ holds empty boxes, and a query with an empty box returns nothing.
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from typing import Any
@@ -33,16 +34,34 @@ class BoxIndex:
 
     __slots__ = ("_boxes", "_grid", "_ndim", "_tree")
 
-    def __init__(self, boxes: Sequence[Box], shape: Sequence[int]) -> None:
-        self._boxes = list(boxes)
+    def __init__(
+        self,
+        boxes: Sequence[Box],
+        shape: Sequence[int],
+        *,
+        offsets: Any = None,
+        stops: Any = None,
+    ) -> None:
+        """Index ``boxes`` (distinct, non-empty, pairwise disjoint). ``offsets`` / ``stops``
+        may give the same boxes as (m, ndim) int64 arrays, which saves a pass over them."""
+        self._boxes = boxes
         self._ndim = len(shape)
         self._grid: tuple[list[list[int]], list[list[int]], Any] | None = None
         self._tree: _Node | None = None
         if self._ndim == 0 or not self._boxes:
             return
-        self._grid = _build_grid(self._boxes, tuple(shape))
+        if offsets is None or stops is None:
+            import numpy as np
+
+            m = len(boxes)
+            offsets = np.array([b.offsets for b in boxes], dtype=np.int64).reshape(m, self._ndim)
+            stops = offsets + np.array([b.sizes for b in boxes], dtype=np.int64).reshape(
+                m, self._ndim
+            )
+        self._grid = _build_grid(offsets, stops, tuple(shape))
         if self._grid is None:
-            self._tree = _build_tree(self._boxes, list(range(len(self._boxes))), self._ndim)
+            self._boxes = listed = list(boxes)
+            self._tree = _build_tree(listed, list(range(len(listed))), self._ndim)
 
     @property
     def kind(self) -> str:
@@ -50,6 +69,20 @@ class BoxIndex:
         if self._grid is not None:
             return "grid"
         return "tree" if self._tree is not None else "trivial"
+
+    def query_clipped(self, q: Box) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
+        """``(position, offsets, sizes)`` of ``box ∩ q`` for every indexed box that shares an
+        element with ``q``."""
+        if q.is_empty or not self._boxes:
+            return []
+        if self._grid is not None and self._ndim:
+            return _clipped_grid(*self._grid, q)
+        out = []
+        for i in self.query(q):
+            common = self._boxes[i].intersect(q)
+            if common is not None:
+                out.append((i, common.offsets, common.sizes))
+        return out
 
     def query(self, q: Box) -> list[int]:
         """Positions of the indexed boxes that share at least one element with ``q``."""
@@ -64,7 +97,8 @@ class BoxIndex:
                 lo, hi = q.offsets[d], q.offsets[d] + q.sizes[d]
                 # The cells that end after lo and start before hi.
                 index.append(slice(bisect_right(stops[d], lo), bisect_left(starts[d], hi)))
-            return [int(i) for i in cells[tuple(index)].ravel()]
+            out_ids: list[int] = cells[tuple(index)].ravel().tolist()
+            return out_ids
         out: list[int] = []
         assert self._tree is not None
         qlo, qhi = q.offsets, q.stops
@@ -89,27 +123,47 @@ class BoxIndex:
         return out
 
 
+def _clipped_grid(
+    starts: list[list[int]], stops: list[list[int]], cells: Any, q: Box
+) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
+    # The pieces of q cut by a grid are the product of its per-dim clipped intervals, in the
+    # same C order as the cell array: no per-piece intersection test is needed.
+    index: list[slice] = []
+    los: list[list[int]] = []
+    sizes: list[list[int]] = []
+    for d, (lo, n) in enumerate(zip(q.offsets, q.sizes)):
+        hi = lo + n
+        a, b = bisect_right(stops[d], lo), bisect_left(starts[d], hi)
+        index.append(slice(a, b))
+        cut_lo = [max(x, lo) for x in starts[d][a:b]]
+        los.append(cut_lo)
+        sizes.append([min(y, hi) - x for x, y in zip(cut_lo, stops[d][a:b])])
+    ids: list[int] = cells[tuple(index)].ravel().tolist()
+    return list(zip(ids, itertools.product(*los), itertools.product(*sizes)))
+
+
 def _build_grid(
-    boxes: list[Box], shape: tuple[int, ...]
+    offs: Any, ends: Any, shape: tuple[int, ...]
 ) -> tuple[list[list[int]], list[list[int]], Any] | None:
-    """Per-dim cell starts and the cell -> box id array, or None when not an exact grid."""
+    """Per-dim cell starts and stops and the cell -> box id array, or None when the boxes
+    are not exactly the cells of a product grid."""
     import numpy as np
 
-    m = len(boxes)
-    nd = len(shape)
-    offs = np.array([b.offsets for b in boxes], dtype=np.int64).reshape(m, nd)
-    ends = offs + np.array([b.sizes for b in boxes], dtype=np.int64).reshape(m, nd)
+    m, nd = offs.shape
     starts: list[list[int]] = []
     stops: list[list[int]] = []
     cell_idx = []
     cells = 1
     for d in range(nd):
-        intervals = np.unique(np.stack([offs[:, d], ends[:, d]], axis=1), axis=0)
-        s, e = intervals[:, 0], intervals[:, 1]
+        # Distinct (start, stop) pairs as one int64 key each: a 1-D unique is much faster than
+        # np.unique(axis=0).
+        width = int(shape[d]) + 1
+        keys = np.unique(offs[:, d] * width + ends[:, d])
+        s, e = keys // width, keys % width
         # The intervals must tile the covered span without overlap (a partition of one dim).
         if np.any(s[1:] != e[:-1]):
             return None
-        cells *= len(intervals)
+        cells *= len(keys)
         if cells > m:
             return None
         starts.append([int(x) for x in s])

@@ -21,8 +21,9 @@ number of pieces the rank sends or receives. No step visits every (source, desti
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from shardspec.metadata import Box, Layout, LayoutError, chunk_bounds
 
@@ -31,16 +32,17 @@ from .index import BoxIndex
 __all__ = ["Piece", "Plan", "plan"]
 
 
-@dataclass(frozen=True, slots=True)
-class Piece:
+class Piece(NamedTuple):
     """One box of elements moving from a source shard to a destination shard.
 
-    ``box`` is in global coordinates. ``src_shard`` / ``dst_shard`` index ``src.shards`` and
-    ``dst.shards``; ``src_local`` / ``dst_local`` are the positions of those shards in their
-    rank's local storage order (the index into the list of local tensors).
+    ``offsets`` / ``sizes`` are the box in global coordinates (``box`` builds the Box).
+    ``src_shard`` / ``dst_shard`` index ``src.shards`` and ``dst.shards``; ``src_local`` /
+    ``dst_local`` are the positions of those shards in their rank's local storage order (the
+    index into the list of local tensors). A plain tuple, because plans hold 10^5 of them.
     """
 
-    box: Box
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
     src_rank: int
     src_shard: int
     src_local: int
@@ -49,13 +51,17 @@ class Piece:
     dst_local: int
 
     @property
+    def box(self) -> Box:
+        return Box._trusted(self.offsets, self.sizes)
+
+    @property
     def is_local(self) -> bool:
         """The sender is the receiver: a copy on one rank, never sent."""
         return self.src_rank == self.dst_rank
 
     @property
     def numel(self) -> int:
-        return self.box.numel
+        return math.prod(self.sizes)
 
 
 class Plan:
@@ -111,7 +117,7 @@ class Plan:
 
     def moved_elements(self) -> int:
         """Elements that cross between ranks (in this plan's view)."""
-        return sum(p.box.numel for p in self.pieces if not p.is_local)
+        return sum(p.numel for p in self.pieces if not p.is_local)
 
 
 def plan(src: Layout, dst: Layout, rank: int | None = None, *, validate: bool = True) -> Plan:
@@ -150,106 +156,152 @@ def plan(src: Layout, dst: Layout, rank: int | None = None, *, validate: bool = 
     return _Planner(src, dst).run(rank)
 
 
-def _local_positions(layout: Layout) -> list[int]:
-    seen: dict[int, int] = {}
-    out = []
-    for s in layout.shards:
-        k = seen.get(s.rank, 0)
-        out.append(k)
-        seen[s.rank] = k + 1
-    return out
+class _Distinct:
+    """A layout's distinct non-empty boxes, their holders (ascending rank), and each shard's
+    position in its rank's local order; built with NumPy in O(n log n)."""
+
+    def __init__(self, layout: Layout) -> None:
+        import numpy as np
+
+        shards = layout.shards
+        n, nd = len(shards), layout.ndim
+        offs = np.array([s.box.offsets for s in shards], dtype=np.int64).reshape(n, nd)
+        sizes = np.array([s.box.sizes for s in shards], dtype=np.int64).reshape(n, nd)
+        ranks = np.fromiter((s.rank for s in shards), dtype=np.int64, count=n)
+        by_rank = np.argsort(ranks, kind="stable")
+        sorted_ranks = ranks[by_rank]
+        local = np.empty(n, dtype=np.int64)
+        local[by_rank] = np.arange(n) - np.searchsorted(sorted_ranks, sorted_ranks, "left")
+        self.local: list[int] = local.tolist()
+        self.ranks: list[int] = ranks.tolist()
+        keep = np.flatnonzero((sizes > 0).all(axis=1)) if nd else np.arange(n)
+        # Sort the non-empty shards by (box, rank): replicas become runs, holders by rank.
+        cols = [ranks[keep]] + [sizes[keep, d] for d in reversed(range(nd))]
+        cols += [offs[keep, d] for d in reversed(range(nd))]
+        order = keep[np.lexsort(cols)] if len(keep) else keep
+        if len(order):
+            o, z = offs[order], sizes[order]
+            new = np.ones(len(order), dtype=bool)
+            new[1:] = ((o[1:] != o[:-1]) | (z[1:] != z[:-1])).any(axis=1) if nd else False
+            starts = np.flatnonzero(new)
+        else:
+            starts = np.zeros(0, dtype=np.int64)
+        self.order: list[int] = order.tolist()
+        bounds = np.append(starts, len(order))
+        self.first: list[int] = bounds[:-1].tolist()  # run k is order[first[k]:first[k+1]]
+        self.bounds: list[int] = bounds.tolist()
+        rep = order[starts]
+        self.offsets = offs[rep]
+        self.stops = offs[rep] + sizes[rep]
+        self.boxes = [shards[i].box for i in rep.tolist()]
+        if len(order):
+            group = np.cumsum(new) - 1
+            self._group = np.empty(n, dtype=np.int64)
+            self._group[order] = group
+            self._kept = np.zeros(n, dtype=bool)
+            self._kept[order] = True
+
+    def holders(self, k: int) -> list[int]:
+        """Shard indices holding distinct box ``k``, by ascending rank."""
+        return self.order[self.bounds[k] : self.bounds[k + 1]]
+
+    def of_rank(self, rank: int) -> list[int]:
+        """Distinct boxes ``rank`` holds (non-empty ones)."""
+        import numpy as np
+
+        if not self.order:
+            return []
+        mine = np.flatnonzero((np.asarray(self.ranks) == rank) & self._kept)
+        return sorted(set(self._group[mine].tolist()))
+
+    def index(self, shape: tuple[int, ...]) -> BoxIndex:
+        return BoxIndex(self.boxes, shape, offsets=self.offsets, stops=self.stops)
 
 
 class _Planner:
     def __init__(self, src: Layout, dst: Layout) -> None:
         self.src = src
         self.dst = dst
-        self.src_local = _local_positions(src)
-        self.dst_local = _local_positions(dst)
-        # Distinct non-empty source boxes and their owners as (rank, shard index), by rank.
-        owners: dict[Box, list[tuple[int, int]]] = {}
-        for i, s in enumerate(src.shards):
-            if not s.box.is_empty:
-                owners.setdefault(s.box, []).append((s.rank, i))
-        self.src_boxes = list(owners)
-        self.src_owners = [sorted(v) for v in owners.values()]
-        self.src_index = BoxIndex(self.src_boxes, src.shape)
+        self.s = _Distinct(src)
+        self.d = _Distinct(dst)
+        self.src_local = self.s.local
+        self.dst_local = self.d.local
+        self.src_index = self.s.index(src.shape)
 
     def run(self, rank: int | None) -> Plan:
         pieces: list[Piece] = []
         dst_shards = self.dst.shards
         if rank is None:
             for j, s in enumerate(dst_shards):
-                self._fill(j, s.box, s.rank, None, pieces)
+                self._fill(j, s.box, s.rank, pieces)
         else:
             for j, s in enumerate(dst_shards):
                 if s.rank == rank:
-                    self._fill(j, s.box, s.rank, None, pieces)
+                    self._fill(j, s.box, s.rank, pieces)
             self._sends(rank, pieces)
-        pieces.sort(key=lambda p: (p.dst_shard, p.box.offsets))
+        pieces.sort(key=lambda p: (p.dst_shard, p.offsets))
         return Plan(self.src, self.dst, rank, tuple(pieces))
 
     def _sends(self, rank: int, out: list[Piece]) -> None:
-        mine = [k for k, own in enumerate(self.src_owners) if any(r == rank for r, _ in own)]
+        mine = self.s.of_rank(rank)
         if not mine:
             return
-        targets: dict[Box, list[int]] = {}
-        for j, s in enumerate(self.dst.shards):
-            if not s.box.is_empty and s.rank != rank:
-                targets.setdefault(s.box, []).append(j)
-        boxes = list(targets)
-        index = BoxIndex(boxes, self.dst.shape)
-        holders = list(targets.values())
-        dst_shards = self.dst.shards
+        # Every distinct destination box is indexed (a whole layout is a grid more often than
+        # the other ranks' part of it); this rank's own destinations were planned already.
+        index = self.d.index(self.dst.shape)
+        dst_ranks = self.d.ranks
         for k in mine:
-            for t in index.query(self.src_boxes[k]):
-                for j in holders[t]:
-                    dst = dst_shards[j]
-                    self._pieces_from(k, j, dst.box, dst.rank, rank, out)
+            for t, offs, sizes in index.query_clipped(self.s.boxes[k]):
+                for j in self.d.holders(t):
+                    if dst_ranks[j] != rank:
+                        self._emit(k, j, offs, sizes, dst_ranks[j], rank, out)
 
-    def _fill(
-        self, j: int, box: Box, dst_rank: int, only_sender: int | None, out: list[Piece]
-    ) -> None:
-        for k in self.src_index.query(box):
-            self._pieces_from(k, j, box, dst_rank, only_sender, out)
+    def _fill(self, j: int, box: Box, dst_rank: int, out: list[Piece]) -> None:
+        for k, offs, sizes in self.src_index.query_clipped(box):
+            self._emit(k, j, offs, sizes, dst_rank, None, out)
 
-    def _pieces_from(
+    def _emit(
         self,
         k: int,
         j: int,
-        dst_box: Box,
+        offs: tuple[int, ...],
+        sizes: tuple[int, ...],
         dst_rank: int,
         only_sender: int | None,
         out: list[Piece],
     ) -> None:
-        """The pieces of destination shard ``j`` cut from distinct source box ``k``."""
-        common = self.src_boxes[k].intersect(dst_box)
-        if common is None:  # pragma: no cover - the index only returns overlapping boxes
+        """The pieces of destination shard ``j`` cut from distinct source box ``k``
+        (``offs`` / ``sizes`` are their intersection); with ``only_sender``, only that rank's."""
+        s = self.s
+        lo, hi = s.bounds[k], s.bounds[k + 1]
+        if hi - lo == 1:  # the common case: one holder, no choice to make
+            i = s.order[lo]
+            r = s.ranks[i]
+            if only_sender is None or only_sender == r:
+                out.append(
+                    Piece(offs, sizes, r, i, self.src_local[i], dst_rank, j, self.dst_local[j])
+                )
             return
-        owners = self.src_owners[k]
+        owners = [(s.ranks[i], i) for i in s.order[lo:hi]]
         dst_local = self.dst_local[j]
         for r, i in owners:
             if r == dst_rank:
                 if only_sender is None or only_sender == r:
-                    out.append(Piece(common, r, i, self.src_local[i], dst_rank, j, dst_local))
+                    out.append(Piece(offs, sizes, r, i, self.src_local[i], dst_rank, j, dst_local))
                 return
-        if len(owners) == 1:
-            r, i = owners[0]
+        for p_offs, p_sizes, (r, i) in _spread(offs, sizes, owners, j):
             if only_sender is None or only_sender == r:
-                out.append(Piece(common, r, i, self.src_local[i], dst_rank, j, dst_local))
-            return
-        for part, (r, i) in _spread(common, owners, j):
-            if only_sender is None or only_sender == r:
-                out.append(Piece(part, r, i, self.src_local[i], dst_rank, j, dst_local))
+                out.append(Piece(p_offs, p_sizes, r, i, self.src_local[i], dst_rank, j, dst_local))
 
 
-def _spread(box: Box, owners: list[tuple[int, int]], j: int) -> list[tuple[Box, tuple[int, int]]]:
-    """Cut ``box`` into parts, one per owner (fewer if the box is too small), rotated by the
+def _spread(
+    offsets: tuple[int, ...], sizes: tuple[int, ...], owners: list[tuple[int, int]], j: int
+) -> list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, int]]]:
+    """Cut a box into parts, one per owner (fewer if the box is too small), rotated by the
     destination shard index so that small pieces of many destinations spread too."""
     r = len(owners)
-    sizes = box.sizes
     if not sizes:
-        return [(box, owners[j % r])]
+        return [(offsets, sizes, owners[j % r])]
     dim = next(
         (d for d, n in enumerate(sizes) if n >= r), max(range(len(sizes)), key=sizes.__getitem__)
     )
@@ -258,7 +310,7 @@ def _spread(box: Box, owners: list[tuple[int, int]], j: int) -> list[tuple[Box, 
     for p, (a, b) in enumerate(parts):
         if a == b:  # chunking n < r-ish sizes leaves empty chunks at the end
             continue
-        offs = box.offsets[:dim] + (box.offsets[dim] + a,) + box.offsets[dim + 1 :]
+        offs = offsets[:dim] + (offsets[dim] + a,) + offsets[dim + 1 :]
         szs = sizes[:dim] + (b - a,) + sizes[dim + 1 :]
-        out.append((Box._trusted(offs, szs), owners[(p + j) % r]))
+        out.append((offs, szs, owners[(p + j) % r]))
     return out

@@ -1,0 +1,482 @@
+"""Resharding benchmarks: shardspec.reshard against the baselines, measured in the same run.
+
+Transfers (gloo, 2 and 4 ranks, one pool of ranks per world size): a float32 tensor from
+Shard(0) to Shard(1), even and uneven shapes, and a 1000-tensor state dict, by
+
+* ``floor``     one hand-written ``all_to_all_single`` (pack, send, unpack: the least work),
+* ``shardspec`` ``shardspec.reshard.reshard`` / ``reshard_state_dict``,
+* ``dtensor``   ``DTensor.redistribute`` (on CPU it falls back to all-gather + chunk),
+* ``sharded``   ``ShardedTensor.reshard`` (skipped for uneven shapes: it hangs or aborts
+  gloo there, RESHARD-1),
+* ``dcp``       ``torch.distributed.checkpoint`` save, then load into the new layout (temp dir).
+
+Reported per case: the median wall time over the repeats (max over ranks), its ratio to the
+floor and to shardspec, and the peak RSS growth per rank (VmHWM after, minus VmRSS before,
+with the high-water mark reset first). Then planning: one rank's plan for 1e5 x 1e5 shards
+against a naive all-pairs planner at a smaller size.
+
+    python packages/reshard/benchmarks/bench_reshard.py            # quick: 4 and 16 MiB
+    python packages/reshard/benchmarks/bench_reshard.py --full     # 64 and 256 MiB
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import itertools
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# Large allocations are mmapped (and returned on free), so that each method's peak RSS is its
+# own and not hidden by memory an earlier method left in the allocator.
+os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import torch
+import torch.distributed as dist
+
+from shardspec.metadata import Box, Layout, chunk_layout
+from shardspec.reshard import plan, reshard, reshard_state_dict
+
+MiB = 1 << 20
+
+
+# ---------------------------------------------------------------- memory
+
+
+def _status(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _reset_peak() -> None:
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+# ---------------------------------------------------------------- shapes and inputs
+
+
+def tensor_shape(mib: int, world: int, even: bool) -> tuple[int, int]:
+    n = int((mib * MiB // 4) ** 0.5)
+    n -= n % (world * 4)
+    return (n, n) if even else (n + 3, n - 5)  # n + 3 and n - 5: neither divides by 2 or 4
+
+
+def local_rows(shape: tuple[int, ...], world: int, rank: int, dim: int) -> Box:
+    return chunk_layout(shape, dim, range(world)).boxes_of(rank)[0]
+
+
+# ---------------------------------------------------------------- methods (rank side)
+
+
+def floor_all_to_all(local: torch.Tensor, shape: tuple[int, int], world: int) -> torch.Tensor:
+    """Shard(0) -> Shard(1) by hand: slice columns per peer, one all_to_all_single, unpack."""
+    rank = dist.get_rank()
+    rows = chunk_layout(shape, 0, range(world))
+    cols = chunk_layout(shape, 1, range(world))
+    send = torch.cat(
+        [local[:, b.slices()[1]].reshape(-1) for b in (cols.boxes_of(p)[0] for p in range(world))]
+    )
+    mine = cols.boxes_of(rank)[0]
+    in_splits = [local.shape[0] * cols.boxes_of(p)[0].sizes[1] for p in range(world)]
+    out_splits = [rows.boxes_of(p)[0].sizes[0] * mine.sizes[1] for p in range(world)]
+    recv = torch.empty(sum(out_splits), dtype=local.dtype)
+    dist.all_to_all_single(recv, send, out_splits, in_splits)
+    return recv.view(shape[0], mine.sizes[1])  # rows arrive in rank order: already in place
+
+
+def floor_state_dict(
+    locals_: dict[str, torch.Tensor], shapes: dict[str, tuple[int, int]], world: int
+) -> dict[str, torch.Tensor]:
+    rank = dist.get_rank()
+    keys = sorted(locals_)
+    chunks: list[list[torch.Tensor]] = [[] for _ in range(world)]
+    out_splits = [0] * world
+    for k in keys:
+        cols = chunk_layout(shapes[k], 1, range(world))
+        rows = chunk_layout(shapes[k], 0, range(world))
+        for p in range(world):
+            chunks[p].append(locals_[k][:, cols.boxes_of(p)[0].slices()[1]].reshape(-1))
+            out_splits[p] += rows.boxes_of(p)[0].sizes[0] * cols.boxes_of(rank)[0].sizes[1]
+    send_parts = [torch.cat(c) for c in chunks]
+    in_splits = [t.numel() for t in send_parts]
+    recv = torch.empty(sum(out_splits))
+    dist.all_to_all_single(recv, torch.cat(send_parts), out_splits, in_splits)
+    out: dict[str, torch.Tensor] = {}
+    pos = [sum(out_splits[:p]) for p in range(world)]
+    for k in keys:
+        cols = chunk_layout(shapes[k], 1, range(world))
+        rows = chunk_layout(shapes[k], 0, range(world))
+        width = cols.boxes_of(rank)[0].sizes[1]
+        parts = []
+        for p in range(world):
+            n = rows.boxes_of(p)[0].sizes[0] * width
+            parts.append(recv[pos[p] : pos[p] + n].view(-1, width))
+            pos[p] += n
+        out[k] = torch.cat(parts)
+    return out
+
+
+def _mesh(world: int) -> Any:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh("cpu", list(range(world)))
+
+
+def _dtensor(local: torch.Tensor, shape: tuple[int, ...], world: int) -> Any:
+    from torch.distributed.tensor import DTensor, Shard as DShard
+
+    return DTensor.from_local(
+        local,
+        _mesh(world),
+        [DShard(0)],
+        run_check=False,
+        shape=torch.Size(shape),
+        stride=torch.empty(shape, device="meta").stride(),
+    )
+
+
+def dtensor_redistribute(local: torch.Tensor, shape: tuple[int, ...], world: int) -> torch.Tensor:
+    from torch.distributed.tensor import Shard as DShard
+
+    dt = _dtensor(local, shape, world)
+    return dt.redistribute(dt.device_mesh, [DShard(1)]).to_local()
+
+
+def _sharded(local: torch.Tensor, shape: tuple[int, ...], world: int) -> Any:
+    from torch.distributed._shard.sharded_tensor.api import ShardedTensor
+    from torch.distributed._shard.sharded_tensor.shard import Shard as TShard
+
+    from shardspec.metadata.shard_metadata import to_sharded_tensor_metadata
+
+    layout = chunk_layout(shape, 0, range(world))
+    md = to_sharded_tensor_metadata(layout, local.dtype)
+    rank = dist.get_rank()
+    mine = [m for s, m in zip(layout.shards, md.shards_metadata) if s.rank == rank]
+    return ShardedTensor._init_from_local_shards_and_global_metadata([TShard(local, mine[0])], md)
+
+
+def sharded_reshard(local: torch.Tensor, shape: tuple[int, ...], world: int) -> torch.Tensor:
+    from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+
+    st = _sharded(local, shape, world)
+    spec = ChunkShardingSpec(dim=1, placements=[f"rank:{r}/cpu" for r in range(world)])  # type: ignore[arg-type]
+    st.reshard(spec)
+    return st.local_shards()[0].tensor
+
+
+def dcp_roundtrip(
+    state: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]], world: int, path: str
+) -> dict[str, torch.Tensor]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.tensor import DTensor, Shard as DShard
+
+    mesh = _mesh(world)
+    rank = dist.get_rank()
+    src = {k: _dtensor(v, shapes[k], world) for k, v in state.items()}
+    dcp.save(src, checkpoint_id=path)
+    dst = {}
+    for k, shp in shapes.items():
+        box = chunk_layout(shp, 1, range(world)).boxes_of(rank)[0]
+        dst[k] = DTensor.from_local(
+            torch.empty(box.sizes),
+            mesh,
+            [DShard(1)],
+            run_check=False,
+            shape=torch.Size(shp),
+            stride=torch.empty(shp, device="meta").stride(),
+        )
+    dcp.load(dst, checkpoint_id=path)
+    return {k: v.to_local() for k, v in dst.items()}
+
+
+def _timed(fn: Any, reps: int) -> tuple[list[float], int, Any]:
+    times = []
+    growth = 0
+    out = None
+    for _ in range(reps):
+        out = None
+        gc.collect()
+        dist.barrier()
+        before = _status("VmRSS")
+        _reset_peak()
+        t0 = time.perf_counter()
+        out = fn()
+        dt = time.perf_counter() - t0
+        growth = max(growth, _status("VmHWM") - before)
+        times.append(dt)
+    dist.barrier()
+    return times, growth, out
+
+
+def bench_tensor(
+    rank: int, world: int, shape: tuple[int, int], methods: list[str], reps: int, tmp: str
+) -> dict[str, Any]:
+    torch.manual_seed(rank)
+    box = local_rows(shape, world, rank, 0)
+    local = torch.randn(box.sizes)
+    src = chunk_layout(shape, 0, range(world))
+    dst = chunk_layout(shape, 1, range(world))
+    counter = itertools.count()
+
+    def run_floor() -> torch.Tensor:
+        return floor_all_to_all(local, shape, world)
+
+    def run_ours() -> torch.Tensor:
+        return reshard([local], src, dst)[0]
+
+    def run_dtensor() -> torch.Tensor:
+        return dtensor_redistribute(local, shape, world)
+
+    def run_sharded() -> torch.Tensor:
+        return sharded_reshard(local, shape, world)
+
+    def run_dcp() -> torch.Tensor:
+        path = os.path.join(tmp, f"t{world}-{next(counter)}")
+        return dcp_roundtrip({"w": local}, {"w": shape}, world, path)["w"]
+
+    table = {
+        "floor": run_floor,
+        "shardspec": run_ours,
+        "dtensor": run_dtensor,
+        "sharded": run_sharded,
+        "dcp": run_dcp,
+    }
+    results: dict[str, Any] = {}
+    ref = None
+    for m in methods:
+        times, growth, out = _timed(table[m], reps)
+        if ref is None:
+            ref = out.clone()
+        results[m] = {"times": times, "rss": growth, "same": bool(torch.equal(out, ref))}
+        del out
+    return results
+
+
+def bench_state_dict(
+    rank: int, world: int, n: int, side: tuple[int, int], methods: list[str], reps: int, tmp: str
+) -> dict[str, Any]:
+    torch.manual_seed(rank)
+    # Sizes vary but divide by the world size: ShardedTensor.reshard cannot do uneven ones.
+    shapes = {
+        f"layer{i:04d}.weight": (side[0] + 4 * (i % 3), side[1] + 4 * (i % 5)) for i in range(n)
+    }
+    state = {k: torch.randn(local_rows(s, world, rank, 0).sizes) for k, s in shapes.items()}
+    src = {k: chunk_layout(s, 0, range(world)) for k, s in shapes.items()}
+    dst = {k: chunk_layout(s, 1, range(world)) for k, s in shapes.items()}
+    counter = itertools.count()
+
+    def run_floor() -> dict[str, torch.Tensor]:
+        return floor_state_dict(state, shapes, world)
+
+    def run_ours() -> dict[str, torch.Tensor]:
+        out = reshard_state_dict({k: [t] for k, t in state.items()}, src, dst)
+        return {k: v[0] for k, v in out.items()}
+
+    def run_dtensor() -> dict[str, torch.Tensor]:
+        return {k: dtensor_redistribute(t, shapes[k], world) for k, t in state.items()}
+
+    def run_sharded() -> dict[str, torch.Tensor]:
+        return {k: sharded_reshard(t, shapes[k], world) for k, t in state.items()}
+
+    def run_dcp() -> dict[str, torch.Tensor]:
+        return dcp_roundtrip(state, shapes, world, os.path.join(tmp, f"sd{world}-{next(counter)}"))
+
+    table = {
+        "floor": run_floor,
+        "shardspec": run_ours,
+        "dtensor": run_dtensor,
+        "sharded": run_sharded,
+        "dcp": run_dcp,
+    }
+    results: dict[str, Any] = {}
+    ref = None
+    for m in methods:
+        times, growth, out = _timed(table[m], reps)
+        if ref is None:
+            ref = out
+        same = all(torch.equal(out[k], ref[k]) for k in ref)
+        results[m] = {"times": times, "rss": growth, "same": same}
+        del out
+    return results
+
+
+# ---------------------------------------------------------------- planning
+
+
+def naive_plan(src: Layout, dst: Layout) -> list[tuple[Box, int, int]]:
+    """Every (source, destination) pair intersected: the O(n*m) baseline."""
+    out = []
+    for s in src.shards:
+        for d in dst.shards:
+            common = s.box.intersect(d.box)
+            if common is not None:
+                out.append((common, s.rank, d.rank))
+    return out
+
+
+def bench_planning(big: int, small: int) -> list[str]:
+    lines = []
+    rows = chunk_layout((big, big), 0, range(big))
+    cols = chunk_layout((big, big), 1, range(big))
+    t0 = time.perf_counter()
+    p = plan(rows, cols, rank=12345 % big, validate=False)
+    t_plan = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    rows.validate()
+    cols.validate()
+    t_val = time.perf_counter() - t0
+    lines.append(
+        f"plan, one rank, {big:.0e} row chunks -> {big:.0e} column chunks: {t_plan:.3f} s "
+        f"({len(p)} pieces; validating both layouts adds {t_val:.3f} s)"
+    )
+    g = int(big**0.5)
+    grid = Layout.from_boxes(
+        (g * 10, g * 10),
+        [(Box((i * 10, j * 10), (10, 10)), i * g + j) for i in range(g) for j in range(g)],
+    )
+    shifted = Layout.from_boxes(
+        (g * 10, g * 10),
+        [
+            (Box((i * 10, j * 10), (10, 10)), (i * g + j + 7) % (g * g))
+            for i in range(g)
+            for j in range(g)
+        ],
+    )
+    t0 = time.perf_counter()
+    p = plan(grid, shifted, rank=3, validate=False)
+    t_grid = time.perf_counter() - t0
+    lines.append(
+        f"plan, one rank, {g * g} x {g * g} grid cells, ranks shifted: {t_grid:.3f} s "
+        f"({len(p)} pieces)"
+    )
+    rows_s = chunk_layout((small, small), 0, range(small))
+    cols_s = chunk_layout((small, small), 1, range(small))
+    t0 = time.perf_counter()
+    naive = naive_plan(rows_s, cols_s)
+    t_naive = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ours = plan(rows_s, cols_s, validate=False)
+    t_ours_all = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    plan(rows_s, cols_s, rank=1, validate=False)
+    t_ours_one = time.perf_counter() - t0
+    assert len(naive) == len(ours)
+    lines.append(
+        f"{small} x {small} shards: naive all-pairs {t_naive:.3f} s; ours, all ranks "
+        f"{t_ours_all:.3f} s ({t_naive / t_ours_all:.1f}x faster, {len(ours)} pieces); "
+        f"ours, one rank {t_ours_one:.4f} s ({t_naive / t_ours_one:.0f}x faster)"
+    )
+    return lines
+
+
+# ---------------------------------------------------------------- driver
+
+
+def _fmt(results: dict[str, Any], label: str) -> list[str]:
+    med = {m: statistics.median(r["times"]) for m, r in results.items()}
+    floor = med.get("floor")
+    ours = med.get("shardspec")
+    out = [f"  {label}"]
+    for m, t in med.items():
+        rss = max(results[m]["rss"])
+        same = "" if all(results[m]["same"]) else "  (RESULT DIFFERS from the floor!)"
+        vs_floor = f"{t / floor:6.2f}x floor" if floor else ""
+        vs_ours = f"{t / ours:6.2f}x shardspec" if ours else ""
+        out.append(
+            f"    {m:10s} {t * 1e3:9.1f} ms  {vs_floor}  {vs_ours}  "
+            f"peak RSS +{rss / MiB:7.1f} MiB/rank{same}"
+        )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--full", action="store_true", help="64 and 256 MiB (default: quick, 4 and 16 MiB)"
+    )
+    ap.add_argument("--quick", action="store_true", help="the default: 4 and 16 MiB")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--worlds", default="2,4")
+    ap.add_argument("--methods", default="floor,shardspec,dtensor,sharded,dcp")
+    args, _ = ap.parse_known_args()
+    from reshard_ranks import RankPool
+
+    sizes = [64, 256] if args.full else [4, 16]
+    sd_side = (64, 64) if args.full else (16, 16)
+    methods = args.methods.split(",")
+    print(
+        f"bench_reshard: {'full' if args.full else 'quick'} mode, sizes {sizes} MiB float32, "
+        f"{args.reps} repeats, median of the max over ranks; gloo on {os.cpu_count()} cores"
+    )
+    tmp = tempfile.mkdtemp(prefix="bench_reshard_")
+    try:
+        for world in [int(w) for w in args.worlds.split(",")]:
+            pool = RankPool(world, timeout=900)
+            try:
+                print(f"\nworld size {world}")
+                for mib in sizes:
+                    for even in (True, False):
+                        shape = tensor_shape(mib, world, even)
+                        ms = [m for m in methods if even or m != "sharded"]
+                        per_rank = pool.run(bench_tensor, None, shape, ms, args.reps, tmp)
+                        merged = {
+                            m: {
+                                "times": [
+                                    max(r[m]["times"][i] for r in per_rank)
+                                    for i in range(args.reps)
+                                ],
+                                "rss": [r[m]["rss"] for r in per_rank],
+                                "same": [r[m]["same"] for r in per_rank],
+                            }
+                            for m in ms
+                        }
+                        kind = "even" if even else "uneven"
+                        note = "" if even else " (sharded skipped: upstream hangs/aborts on uneven)"
+                        print(
+                            "\n".join(
+                                _fmt(merged, f"{mib} MiB {shape} Shard(0)->Shard(1), {kind}{note}")
+                            )
+                        )
+                n = 1000
+                per_rank = pool.run(bench_state_dict, None, n, sd_side, methods, args.reps, tmp)
+                merged = {
+                    m: {
+                        "times": [
+                            max(r[m]["times"][i] for r in per_rank) for i in range(args.reps)
+                        ],
+                        "rss": [r[m]["rss"] for r in per_rank],
+                        "same": [r[m]["same"] for r in per_rank],
+                    }
+                    for m in methods
+                }
+                print(
+                    "\n".join(
+                        _fmt(
+                            merged,
+                            f"state dict of {n} tensors ~{sd_side} (sizes vary), dim 0 -> dim 1",
+                        )
+                    )
+                )
+            finally:
+                pool.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("\nplanning")
+    for line in bench_planning(100_000, 2000 if args.full else 1000):
+        print("  " + line)
+
+
+if __name__ == "__main__":
+    main()

@@ -456,6 +456,7 @@ def two_by_two_world(rank: int, world: int, ckpt1: str, ckpt2: str) -> dict[str,
     facts = out.pop("facts")
     out.update(fsdp2_world(rank, world, ckpt2))
     out["facts"].update(facts)
+    out.update(conversions_world(rank, world))
     return out
 
 
@@ -467,4 +468,119 @@ def three_by_two_world(rank: int, world: int, ckpt1: str, ckpt2: str) -> dict[st
     more = fsdp2_full_tensor_world(rank, world, 3, 2, ckpt2)
     out["fsdp2_data"] = more["fsdp2_data"]
     out["facts"] = {**facts, **more["facts"]}
+    return out
+
+
+def _same_data(a: Any, b: Any) -> bool:
+    """Same non-empty boxes on the same ranks, in the same local order per rank."""
+    ranks = set(a.ranks) | set(b.ranks)
+    return a.shape == b.shape and all(
+        [x for x in a.boxes_of(r) if not x.is_empty] == [x for x in b.boxes_of(r) if not x.is_empty]
+        for r in ranks
+    )
+
+
+def _check_pieces(
+    local: dict[str, list[torch.Tensor]],
+    layouts: dict[str, Any],
+    ref: dict[str, torch.Tensor],
+    rank: int,
+    what: str,
+    atol: float = 0.0,
+) -> list[str]:
+    bad = []
+    for k, layout in layouts.items():
+        name = clean(k)
+        boxes = layout.boxes_of(rank)
+        if len(boxes) != len(local[k]):
+            bad.append(f"{what} {name}: {len(local[k])} tensors for boxes {boxes}")
+            continue
+        for b, t in zip(boxes, local[k]):
+            want = ref[name][b.slices()]
+            if tuple(t.shape) != tuple(want.shape) or not torch.allclose(
+                t, want, atol=atol, rtol=0
+            ):
+                bad.append(f"{what} {name} rank {rank}: tensor for {b} is not the reference slice")
+    return bad
+
+
+def conversions_world(rank: int, world: int) -> dict[str, Any]:
+    """FSDP1 2-D state dict <-> plain layouts <-> FSDP2 state dict, and resharding the 2-D
+    parameters in memory to dp=4 and to tp=4 (FSDP-10)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, StateDictType, fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from shardspec.fsdp import install
+    from shardspec.fsdp.convert import model_layouts, reshard_layouts, to_layouts, to_state_dict
+
+    dp, tp = 2, 2
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    mesh1 = init_device_mesh("cpu", (world,), mesh_dim_names=("all",))
+    ref = {k: v.detach().clone() for k, v in make_model().state_dict().items()}
+    shapes = {k: tuple(v.shape) for k, v in ref.items()}
+    out: dict[str, Any] = {}
+
+    m1 = make_model()
+    parallelize_module(m1, mesh["tp"], tp_plan())
+    m1 = FSDP(m1, device_mesh=mesh["dp"], device_id=torch.device("cpu"))
+    install(m1)
+    with FSDP.state_dict_type(m1, StateDictType.SHARDED_STATE_DICT):
+        sd1 = {clean(k): v for k, v in m1.state_dict().items()}
+    loc1, lay1, _ = to_layouts(sd1)
+    want = model_layouts(shapes, TP_OF, dp=dp, tp_size=tp)
+    out["fsdp1_to_layouts"] = [
+        f"fsdp1 {k}: layout {lay1[k]} is not FSDP-1's {want[k]}"
+        for k in want
+        if not _same_data(lay1[k], want[k])
+    ] + _check_pieces(loc1, lay1, ref, rank, "fsdp1 piece")
+
+    m2 = make_model()
+    parallelize_module(m2, mesh["tp"], tp_plan())
+    for i in LINEARS:
+        fully_shard(m2[i], mesh=mesh["dp"])
+    fully_shard(m2, mesh=mesh["dp"])
+    loc2, lay2, _ = to_layouts(m2.state_dict())
+    out["fsdp1_equals_fsdp2"] = [
+        f"{k}: FSDP1 {lay1[k]} vs FSDP2 {lay2[k]}" for k in want if not _same_data(lay1[k], lay2[k])
+    ] + [
+        f"{k}: FSDP1 and FSDP2 local data differ"
+        for k in want
+        if not all(torch.equal(a, b) for a, b in zip(loc1[k], loc2[k]))
+    ]
+
+    # 2-D -> dp=4 -> tp=4, in memory
+    to_dp4 = model_layouts(shapes, {}, dp=world, tp_size=1)
+    to_tp4 = model_layouts(shapes, TP_OF, dp=1, tp_size=world)
+    dp4 = reshard_layouts(loc1, lay1, to_dp4)
+    tp4 = reshard_layouts(dp4, to_dp4, to_tp4)
+    out["reshard"] = _check_pieces(dp4, to_dp4, ref, rank, "dp=4") + _check_pieces(
+        tp4, to_tp4, ref, rank, "tp=4"
+    )
+
+    # FSDP1 2-D -> FSDP2 over 4 ranks: load the resharded pieces as DTensors
+    m3 = make_model(seed=7)
+    for i in LINEARS:
+        fully_shard(m3[i], mesh=mesh1)
+    fully_shard(m3, mesh=mesh1)
+    m3.load_state_dict(to_state_dict(dp4, to_dp4, mesh1))
+    out["fsdp1_to_fsdp2_dp4"] = [
+        f"{k}: FSDP2 dp=4 full tensor differs"
+        for k, v in m3.state_dict().items()
+        if not torch.equal(v.full_tensor(), ref[k])
+    ]
+
+    # FSDP2 dp=4 -> FSDP1 2-D with our hooks
+    loc3, lay3, _ = to_layouts(m3.state_dict())
+    back = reshard_layouts(loc3, lay3, want)
+    m4 = make_model(seed=9)
+    parallelize_module(m4, mesh["tp"], tp_plan())
+    m4 = FSDP(m4, device_mesh=mesh["dp"], device_id=torch.device("cpu"))
+    install(m4)
+    sd4 = to_state_dict(back, want, mesh)
+    with FSDP.state_dict_type(m4, StateDictType.SHARDED_STATE_DICT):
+        template = m4.state_dict()
+        m4.load_state_dict({k: sd4[clean(k)] for k in template})
+        again = m4.state_dict()
+    out["fsdp2_to_fsdp1"] = _check_dtensor_entries(again, ref, rank, dp, tp, "fsdp2->fsdp1")
     return out

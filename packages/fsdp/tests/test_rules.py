@@ -358,3 +358,22 @@ def test_upstream_chunk_tensor_7_rows_on_3_ranks() -> None:
         st_ = _chunk_tensor(_tp_dtensor((7, 10), 3, 0), 0, 3, 1, dist.group.WORLD)
         boxes = sorted(Box(m.shard_offsets, m.shard_sizes) for m in st_.metadata().shards_metadata)
     assert boxes == sorted(tp_box((7, 10), ShardDim(0), 3, t) for t in range(3))
+
+
+@pytest.mark.rule("FSDP-4")
+@given(dtensor_cases())
+def test_dtensor_layout_agrees_with_shardspec_metadata(case) -> None:  # type: ignore[no-untyped-def]
+    # Two independent readings of DTensor placements must agree on every non-empty box, in
+    # every rank's local order.
+    from shardspec.metadata.dtensor import dtensor_layout as metadata_dtensor_layout
+
+    shape, mesh, pls = case
+    ranks = list(range(int(torch.tensor(mesh).prod())))
+    ours = dtensor_layout(shape, mesh, pls)
+    theirs = metadata_dtensor_layout(
+        shape, torch.tensor(ranks).reshape(mesh).tolist(), [to_torch(p) for p in pls]
+    )
+    for r in ranks:
+        a = [b for b in ours.boxes_of(r) if not b.is_empty]
+        b_ = [b for b in theirs.boxes_of(r) if not b.is_empty]
+        assert a == b_, f"rank {r}: ours {a}, metadata {b_} [{shape} {mesh} {pls}]"

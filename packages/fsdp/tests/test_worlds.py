@@ -147,6 +147,23 @@ def test_upstream_chunk_tensor_uneven_tp(fsdp2_run) -> None:  # type: ignore[no-
     assert all(not isinstance(v, str) for v in facts.values()), facts
 
 
+@pytest.mark.rule("FSDP-10")
+def test_fsdp1_and_fsdp2_state_dicts_read_as_the_same_layouts(two_by_two) -> None:  # type: ignore[no-untyped-def]
+    _assert_clean(two_by_two, "fsdp1_to_layouts")
+    _assert_clean(two_by_two, "fsdp1_equals_fsdp2")
+
+
+@pytest.mark.rule("FSDP-10")
+def test_reshard_2d_to_dp4_to_tp4_in_memory(two_by_two) -> None:  # type: ignore[no-untyped-def]
+    _assert_clean(two_by_two, "reshard")
+
+
+@pytest.mark.rule("FSDP-10")
+def test_fsdp1_2d_state_dict_to_fsdp2_dp4_and_back(two_by_two) -> None:  # type: ignore[no-untyped-def]
+    _assert_clean(two_by_two, "fsdp1_to_fsdp2_dp4")
+    _assert_clean(two_by_two, "fsdp2_to_fsdp1")
+
+
 # dp=3 x tp=2 (6 ranks): 7 rows over TP 2 then FSDP 3, which no DTensor describes (FSDP-5).
 
 

@@ -208,6 +208,19 @@ def fsdp1_world(
     out["after_step"] = _check_dtensor_entries(sd2, ref_params, rank, dp, tp, "param", 1e-5)
     avg = {k: s["exp_avg"] for k, s in osd["state"].items()}
     out["optim_state"] = _check_dtensor_entries(avg, ref_avg, rank, dp, tp, "exp_avg", 1e-5)
+    from torch.distributed.fsdp import ShardedOptimStateDictConfig, ShardedStateDictConfig
+
+    with FSDP.state_dict_type(
+        model,
+        StateDictType.SHARDED_STATE_DICT,
+        ShardedStateDictConfig(offload_to_cpu=True),
+        ShardedOptimStateDictConfig(offload_to_cpu=True),
+    ):
+        osd_cpu = FSDP.optim_state_dict(model, opt)
+    avg_cpu = {k: s["exp_avg"] for k, s in osd_cpu["state"].items()}
+    out["optim_state_offload"] = _check_dtensor_entries(
+        avg_cpu, ref_avg, rank, dp, tp, "offloaded exp_avg", 1e-5
+    )
 
     # DCP: save the 2-D state dict; read it back as full tensors (every rank reads the whole
     # tensor) and into a 1-D FSDP2 model over all 4 ranks.

@@ -72,6 +72,11 @@ def test_fsdp1_optimizer_state_dict(fsdp1_ours) -> None:  # type: ignore[no-unty
     _assert_clean(fsdp1_ours, "optim_state")
 
 
+@pytest.mark.rule("FSDP-6", "FSDP-9")
+def test_fsdp1_cpu_offloaded_optimizer_state_dict(fsdp1_ours) -> None:  # type: ignore[no-untyped-def]
+    _assert_clean(fsdp1_ours, "optim_state_offload")
+
+
 @pytest.mark.rule("FSDP-9")
 def test_fsdp1_dcp_save_loads_full_tensors(fsdp1_ours) -> None:  # type: ignore[no-untyped-def]
     _assert_clean(fsdp1_ours, "dcp_full")

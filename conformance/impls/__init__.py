@@ -1,0 +1,106 @@
+"""Implementations under test, behind one adapter interface.
+
+``get_impl(name)`` returns the adapter: ``shardspec`` (ours), ``torch`` (upstream), or
+``broken`` (test-only: ours with chunk offsets off by one on uneven dims, which the suite must
+catch). The suite picks one with ``SHARDSPEC_IMPL`` or ``pytest --impl``.
+
+Every adapter method answers one question the spec settles. A method an implementation cannot
+answer raises :class:`Unsupported` with the reason; the suite reports that case as
+"unsupported by <impl>: <reason>" instead of passing or skipping it silently.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from shardspec.metadata import Box, Layout
+
+__all__ = ["IMPLS", "Impl", "Unsupported", "get_impl", "impl_name"]
+
+
+class Unsupported(Exception):  # noqa: N818 - an outcome, not an error
+    """The implementation under test cannot express or perform this case."""
+
+
+class Impl:
+    """The adapter interface; every method defaults to :class:`Unsupported`.
+
+    Layouts are :class:`shardspec.metadata.Layout`; placements are the JSON form
+    (``["S", d]``, ``["R"]``, ``["SS", d, split_factor]``).
+    """
+
+    name = "?"
+
+    def unsupported(self, what: str) -> Unsupported:
+        return Unsupported(f"unsupported by {self.name}: {what}")
+
+    # validation (LAYOUT-1..3, BOX-2)
+    def is_valid(self, layout: Layout) -> bool:
+        """True when the implementation's validator accepts ``layout``."""
+        raise self.unsupported("validation")
+
+    # the chunk rule (CHUNK-*)
+    def chunk_layout(self, shape: Sequence[int], dim: int, ranks: Sequence[int]) -> Layout:
+        """The layout of chunking ``dim`` over ``ranks`` (chunk i on ranks[i])."""
+        raise self.unsupported("chunk layouts")
+
+    def reshard_chunk_layout(
+        self, shape: Sequence[int], dim: int, ranks: Sequence[int]
+    ) -> Layout:
+        """The chunk layout as the implementation's resharding path computes it."""
+        raise self.unsupported("reshard chunk layouts")
+
+    # DTensor boxes
+    def dtensor_local_boxes(
+        self,
+        shape: Sequence[int],
+        mesh_shape: Sequence[int],
+        placements: Sequence[Any],
+        coord: Sequence[int],
+    ) -> list[Box]:
+        """The boxes of the local tensor at mesh ``coord``, in local storage order."""
+        raise self.unsupported("DTensor boxes")
+
+    def fsdp_local_boxes(self, pool: Any, tensor: Any, dim: int) -> list[tuple[Box, Any]]:
+        """For a DTensor chunked on ``dim`` of a 1-D mesh of the pool's ranks: each rank's box as
+        the FSDP state-dict path reports it, and the local tensor it really holds."""
+        raise self.unsupported("FSDP boxes")
+
+    # specs
+    def infer_chunk(self, layout: Layout) -> tuple[int, list[int]] | None:
+        """The (dim, rank order) of the chunk spec inferred from ``layout``, or None when
+        the implementation infers an enumerable spec."""
+        raise self.unsupported("spec inference")
+
+
+def impl_name() -> str:
+    return os.environ.get("SHARDSPEC_IMPL", "shardspec")
+
+
+def _load(name: str) -> Impl:
+    if name == "shardspec":
+        from .ours import ShardspecImpl
+
+        return ShardspecImpl()
+    if name == "torch":
+        from .upstream import TorchImpl
+
+        return TorchImpl()
+    if name == "broken":
+        from .broken import BrokenImpl
+
+        return BrokenImpl()
+    raise ValueError(f"unknown implementation {name!r}; choose one of {IMPLS}")
+
+
+IMPLS = ("shardspec", "torch", "broken")
+_CACHE: dict[str, Impl] = {}
+
+
+def get_impl(name: str | None = None) -> Impl:
+    name = name or impl_name()
+    if name not in _CACHE:
+        _CACHE[name] = _load(name)
+    return _CACHE[name]

@@ -1,0 +1,64 @@
+"""The adapter for shardspec itself."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from shardspec.metadata import Box, Layout, LayoutError, chunk_layout
+
+from . import Impl
+
+
+class ShardspecImpl(Impl):
+    name = "shardspec"
+
+    def is_valid(self, layout: Layout) -> bool:
+        try:
+            layout.validate()
+        except LayoutError:
+            return False
+        return True
+
+    def chunk_layout(self, shape: Sequence[int], dim: int, ranks: Sequence[int]) -> Layout:
+        return chunk_layout(shape, dim, ranks)
+
+    def reshard_chunk_layout(
+        self, shape: Sequence[int], dim: int, ranks: Sequence[int]
+    ) -> Layout:
+        return chunk_layout(shape, dim, ranks)  # one rule for every path (CHUNK-1, CHUNK-2)
+
+    def dtensor_local_boxes(
+        self,
+        shape: Sequence[int],
+        mesh_shape: Sequence[int],
+        placements: Sequence[Any],
+        coord: Sequence[int],
+    ) -> list[Box]:
+        try:
+            from shardspec.metadata.dtensor import dtensor_local_boxes
+        except ImportError as e:
+            raise self.unsupported(f"shardspec.metadata.dtensor is not available ({e})") from None
+        from conformance.codec import placements_from_json
+
+        return list(dtensor_local_boxes(shape, mesh_shape, placements_from_json(placements), coord))
+
+    def fsdp_local_boxes(self, pool: Any, tensor: Any, dim: int) -> list[tuple[Box, Any]]:
+        results = pool.run(
+            "dtensor.distribute",
+            {"mesh": [pool.world_size], "placements": [["S", dim]]},
+            [tensor],
+        )
+        layout = chunk_layout(tuple(tensor.shape), dim, range(pool.world_size))
+        return [(layout.boxes_of(r.rank)[0], r.tensors[0]) for r in results]
+
+    def infer_chunk(self, layout: Layout) -> tuple[int, list[int]] | None:
+        try:
+            from shardspec.metadata.infer import infer_spec
+            from shardspec.metadata.specs import ChunkSpec
+        except ImportError as e:
+            raise self.unsupported(f"shardspec.metadata.infer is not available ({e})") from None
+        spec = infer_spec(layout)
+        if isinstance(spec, ChunkSpec):
+            return spec.dim, list(spec.ranks)
+        return None

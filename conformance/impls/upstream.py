@@ -1,0 +1,125 @@
+"""The adapter for upstream torch: ``torch.distributed._shard``, DTensor and FSDP helpers.
+
+Upstream is called exactly as its own callers call it; the adapter only converts between
+shardspec layouts and torch's types, and says "unsupported" where torch's types cannot express
+a case (replication in ``ShardMetadata``; ``_StridedShard`` local tensors made of several
+blocks, which ``compute_local_shape_and_global_offset`` reports as one offset).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from shardspec.metadata import Box, Layout, Shard
+
+from . import Impl
+
+
+def _placement(rank: int) -> str:
+    return f"rank:{rank}/cpu"
+
+
+def _shard_metadata(layout: Layout) -> list[Any]:
+    from torch.distributed._shard.metadata import ShardMetadata
+
+    return [
+        ShardMetadata(
+            shard_offsets=list(s.box.offsets),
+            shard_sizes=list(s.box.sizes),
+            placement=_placement(s.rank),
+        )
+        for s in layout.shards
+    ]
+
+
+def _layout(shape: Sequence[int], mds: Sequence[Any]) -> Layout:
+    # Read torch's numbers as they are (an offset past the end included): judging them is
+    # the test's job, so no validation here.
+    return Layout(
+        tuple(shape),
+        [Shard(Box(md.shard_offsets, md.shard_sizes), md.placement.rank()) for md in mds],
+    )
+
+
+class TorchImpl(Impl):
+    name = "torch"
+
+    def is_valid(self, layout: Layout) -> bool:
+        from torch.distributed._shard.sharding_spec._internals import (
+            check_tensor,
+            validate_non_overlapping_shards_metadata,
+        )
+
+        boxes = [s.box for s in layout.shards if not s.box.is_empty]
+        if len(set(boxes)) != len(boxes):
+            raise self.unsupported(
+                "ShardMetadata has no replication: identical boxes on two ranks are an overlap"
+            )
+        if not layout.shards:
+            raise self.unsupported("check_tensor needs at least one shard")
+        mds = _shard_metadata(layout)
+        try:
+            validate_non_overlapping_shards_metadata(mds)
+            check_tensor(mds, list(layout.shape))
+        except ValueError:
+            return False
+        return True
+
+    def chunk_layout(self, shape: Sequence[int], dim: int, ranks: Sequence[int]) -> Layout:
+        import torch
+        from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
+        from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+
+        spec = ChunkShardingSpec(dim=dim, placements=[_placement(r) for r in ranks])
+        md = spec.build_metadata(torch.Size(shape), TensorProperties())
+        return _layout(shape, md.shards_metadata)
+
+    def reshard_chunk_layout(
+        self, shape: Sequence[int], dim: int, ranks: Sequence[int]
+    ) -> Layout:
+        import torch
+        from torch.distributed._shard.sharded_tensor.reshard import build_reshard_metadata
+        from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+
+        spec = ChunkShardingSpec(dim=dim, placements=[_placement(r) for r in ranks])
+        mds, _ = build_reshard_metadata(torch.Size(shape), spec, max(ranks) + 1)
+        return _layout(shape, [md for md in mds if md is not None])
+
+    def dtensor_local_boxes(
+        self,
+        shape: Sequence[int],
+        mesh_shape: Sequence[int],
+        placements: Sequence[Any],
+        coord: Sequence[int],
+    ) -> list[Box]:
+        from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+
+        from conformance.codec import placements_from_json
+
+        if any(p[0] == "SS" for p in placements):
+            raise self.unsupported(
+                "compute_local_shape_and_global_offset reports one offset per rank; a "
+                "_StridedShard local tensor can hold several blocks"
+            )
+        local_shape, offset = _compute_local_shape_and_global_offset(
+            list(shape), list(mesh_shape), list(coord), placements_from_json(placements)
+        )
+        return [Box(offset, local_shape)]
+
+    def fsdp_local_boxes(self, pool: Any, tensor: Any, dim: int) -> list[tuple[Box, Any]]:
+        results = pool.run("fsdp.local_box", {"dim": dim}, [tensor])
+        return [(Box(r.value["offsets"], r.value["sizes"]), r.tensors[0]) for r in results]
+
+    def infer_chunk(self, layout: Layout) -> tuple[int, list[int]] | None:
+        from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+        from torch.distributed._shard.sharding_spec.api import (
+            _infer_sharding_spec_from_shards_metadata,
+        )
+
+        if not layout.shards:
+            raise self.unsupported("inference needs at least one shard")
+        spec = _infer_sharding_spec_from_shards_metadata(_shard_metadata(layout))
+        if isinstance(spec, ChunkShardingSpec):
+            return int(spec.dim), [p.rank() for p in spec.placements]
+        return None

@@ -1,0 +1,251 @@
+"""The table of operations a pool rank can run, by name.
+
+An operation gets the rank's :class:`Context`, the JSON arguments (the same on every rank) and
+its input tensors, and returns a JSON value and output tensors. A *collective* operation
+splits into ``check`` (local validation, no communication) and ``run``; every rank runs its
+check, then all ranks agree on the outcome with one all-reduce, and only if every check
+passed does any rank enter ``run``. So a bad input never strands a rank inside a collective.
+
+Adding an operation: decorate a function with ``@operation("area.name", collective=...,
+check=...)``. Names are what travels; nothing else about the function does.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["OPERATIONS", "Context", "execute", "operation"]
+
+
+@dataclass
+class Context:
+    rank: int
+    world: int
+    backend: str
+    meshes: dict[tuple[int, ...], Any] = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        if self.backend == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def mesh(self, shape: tuple[int, ...]) -> Any:
+        """The DeviceMesh of ``shape`` over all ranks, built once (building one is collective,
+        and every rank asks for meshes in the same order because it runs the same examples)."""
+        mesh = self.meshes.get(shape)
+        if mesh is None:
+            from torch.distributed.device_mesh import DeviceMesh
+
+            ids = torch.arange(self.world).reshape(shape)
+            mesh = DeviceMesh(self.device.type, ids)
+            self.meshes[shape] = mesh
+        return mesh
+
+
+@dataclass
+class Outcome:
+    value: Any = None
+    tensors: list[torch.Tensor] = field(default_factory=list)
+    error: str | None = None
+    aborted: bool = False
+
+
+Fn = Callable[[Context, dict[str, Any], list[torch.Tensor]], tuple[Any, list[torch.Tensor]]]
+Check = Callable[[Context, dict[str, Any], list[torch.Tensor]], None]
+
+
+@dataclass
+class Operation:
+    fn: Fn
+    collective: bool
+    check: Check | None
+
+
+OPERATIONS: dict[str, Operation] = {}
+
+
+def operation(
+    name: str, *, collective: bool, check: Check | None = None
+) -> Callable[[Fn], Fn]:
+    def register(fn: Fn) -> Fn:
+        if name in OPERATIONS:
+            raise ValueError(f"operation {name!r} registered twice")
+        OPERATIONS[name] = Operation(fn, collective, check)
+        return fn
+
+    return register
+
+
+def execute(
+    ctx: Context, name: str, args: dict[str, Any], tensors: list[torch.Tensor]
+) -> tuple[str, Outcome]:
+    """Run one example on this rank; returns (phase reached, outcome)."""
+    op = OPERATIONS.get(name)
+    error = None
+    if op is None:
+        error = f"unknown operation {name!r}; known: {sorted(OPERATIONS)}"
+    else:
+        try:
+            if op.check is not None:
+                op.check(ctx, args, tensors)
+        except Exception:
+            error = traceback.format_exc()
+    if op is None or op.collective:
+        # Everyone reaches this all-reduce, whatever their check said.
+        flag = torch.tensor([1 if error else 0], dtype=torch.int32, device=ctx.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if error is not None:
+            return "check", Outcome(error=error)
+        if int(flag.item()):
+            return "check", Outcome(aborted=True)
+    elif error is not None:
+        return "check", Outcome(error=error)
+    assert op is not None
+    try:
+        value, outs = op.fn(ctx, args, [t.to(ctx.device) for t in tensors])
+    except Exception:
+        return ("collective" if op.collective else "run"), Outcome(error=traceback.format_exc())
+    return "run", Outcome(value=value, tensors=[t.detach().cpu() for t in outs])
+
+
+def warm_up(ctx: Context) -> None:
+    """Pay the imports and the first collective before the first example is timed."""
+    import torch.distributed.tensor  # noqa: F401
+
+    dist.barrier()
+
+
+def _on_listed_rank(ctx: Context, args: dict[str, Any]) -> bool:
+    return ctx.rank in args.get("ranks", [])
+
+
+# -- operations used by the suite's own tests and the benchmark ---------------------------
+@operation("pool.echo", collective=False)
+def _echo(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
+    return {"rank": ctx.rank, "world": ctx.world, "args": args}, ts
+
+
+def _fail_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
+    if args.get("phase") == "check" and _on_listed_rank(ctx, args):
+        raise ValueError(args.get("message", "deliberate failure"))
+
+
+@operation("pool.fail", collective=True, check=_fail_check)
+def _fail(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
+    if args.get("phase") == "run" and _on_listed_rank(ctx, args):
+        raise ValueError(args.get("message", "deliberate failure"))
+    dist.barrier()
+    return None, []
+
+
+@operation("pool.exit", collective=False)
+def _exit(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
+    if _on_listed_rank(ctx, args):
+        os._exit(int(args.get("code", 7)))
+    return None, []
+
+
+@operation("pool.hang", collective=False)
+def _hang(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
+    if _on_listed_rank(ctx, args):
+        while True:
+            time.sleep(3600)
+    return None, []
+
+
+def _a2a_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
+    splits = args["splits"]
+    if len(splits) != ctx.world or any(len(row) != ctx.world for row in splits):
+        raise ValueError(f"splits must be {ctx.world}x{ctx.world}, got {splits}")
+    if len(ts) != 1 or ts[0].ndim != 1 or ts[0].numel() != sum(splits[ctx.rank]):
+        raise ValueError(f"rank {ctx.rank} needs one 1-d input of {sum(splits[ctx.rank])} elements")
+
+
+@operation("pool.all_to_all", collective=True, check=_a2a_check)
+def _all_to_all(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
+    """``splits[i][j]`` elements go from rank i to rank j, as one flat byte buffer."""
+    splits = args["splits"]
+    (src,) = ts
+    item = src.element_size()
+    send = [n * item for n in splits[ctx.rank]]
+    recv = [splits[j][ctx.rank] * item for j in range(ctx.world)]
+    out = torch.empty(sum(recv), dtype=torch.uint8, device=src.device)
+    src_bytes = src.contiguous().view(torch.uint8) if src.numel() else src.new_empty(0, dtype=torch.uint8)
+    dist.all_to_all_single(out, src_bytes, recv, send)
+    return None, [out.view(src.dtype) if out.numel() else out.new_empty(0, dtype=src.dtype)]
+
+
+# -- DTensor ------------------------------------------------------------------------------
+# gloo's scatter has no int16 ("Invalid scalar type"); placement does not depend on the dtype,
+# so int16 travels as float16 (same size) and is viewed back, bits unchanged.
+_GLOO_STANDIN = {torch.int16: torch.float16}
+
+
+def _to_wire(ctx: Context, t: torch.Tensor) -> torch.Tensor:
+    standin = _GLOO_STANDIN.get(t.dtype) if ctx.backend == "gloo" else None
+    return t.view(standin) if standin is not None else t
+
+
+def _from_wire(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.view(dtype) if t.dtype != dtype else t
+
+
+def _dtensor_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
+    from conformance.codec import placements_from_json
+
+    mesh = tuple(args["mesh"])
+    n = 1
+    for m in mesh:
+        n *= m
+    if n != ctx.world:
+        raise ValueError(f"mesh {mesh} has {n} devices but the pool has {ctx.world} ranks")
+    placements = placements_from_json(args["placements"])
+    if len(placements) != len(mesh):
+        raise ValueError(f"{len(placements)} placements for a {len(mesh)}-d mesh")
+    if len(ts) != 1:
+        raise ValueError("dtensor ops take the global tensor as their one input")
+    for p in placements:
+        d = getattr(p, "dim", None)
+        if d is not None and not -ts[0].ndim <= d < ts[0].ndim:
+            raise ValueError(f"placement {p} is out of range for a {ts[0].ndim}-d tensor")
+
+
+@operation("dtensor.distribute", collective=True, check=_dtensor_check)
+def _distribute(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
+    """Real ``distribute_tensor``: this rank's local tensor and mesh coordinate."""
+    from torch.distributed.tensor import distribute_tensor
+
+    from conformance.codec import placements_from_json
+
+    mesh = ctx.mesh(tuple(args["mesh"]))
+    dt = distribute_tensor(_to_wire(ctx, ts[0]), mesh, placements_from_json(args["placements"]))
+    local = _from_wire(dt.to_local(), ts[0].dtype)
+    return {"coordinate": mesh.get_coordinate(), "stride": list(local.stride())}, [local]
+
+
+def _fsdp_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
+    if len(ts) != 1 or not 0 <= args["dim"] < ts[0].ndim:
+        raise ValueError(f"dim {args['dim']} out of range for the input")
+
+
+@operation("fsdp.local_box", collective=True, check=_fsdp_check)
+def _fsdp_local_box(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
+    """``tensor/parallel/fsdp.py``'s ``_get_local_box`` of a DTensor sharded on a 1-D mesh,
+    with the local tensor it describes."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor.parallel.fsdp import _get_local_box
+
+    mesh = ctx.mesh((ctx.world,))
+    dt = distribute_tensor(_to_wire(ctx, ts[0]), mesh, [Shard(args["dim"])])
+    offsets, sizes = _get_local_box(dt)
+    local = _from_wire(dt.to_local(), ts[0].dtype)
+    return {"offsets": list(offsets), "sizes": list(sizes)}, [local]

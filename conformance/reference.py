@@ -1,0 +1,116 @@
+"""Reference oracles: single process, brute force, obviously correct.
+
+Nothing here calls the code under test. Validity enumerates every element; the chunk rule
+calls ``torch.chunk`` on an index tensor; DTensor placements are applied to per-dim index
+lists exactly as the placement docs describe them (Shard: ``torch.chunk`` the current local
+indices; _StridedShard(sf): chunk into ``sf`` pieces, chunk each piece, take your piece of
+each; Replicate: nothing), so a local tensor is ``global[ix_(indices per dim)]``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from shardspec.metadata import Box, Layout
+
+__all__ = [
+    "chunk_intervals",
+    "dtensor_indices",
+    "gather",
+    "indices_of_boxes",
+    "is_valid",
+    "mesh_coordinates",
+]
+
+
+def is_valid(layout: Layout) -> bool:
+    """LAYOUT-1..3 by enumeration: every box in bounds with the layout's ndim, no (box, rank)
+    twice, and every element held by exactly one distinct non-empty box (identical boxes on
+    several ranks are replicas and count once)."""
+    shape = layout.shape
+    seen: set[tuple[Box, int]] = set()
+    for s in layout.shards:
+        if s.box.ndim != len(shape) or not s.box.fits_in(shape):
+            return False
+        if (s.box, s.rank) in seen:
+            return False
+        seen.add((s.box, s.rank))
+    count: dict[tuple[int, ...], int] = {}
+    for b in {s.box for s in layout.shards}:
+        for p in itertools.product(*(range(o, o + n) for o, n in b)):
+            count[p] = count.get(p, 0) + 1
+    return all(count.get(p, 0) == 1 for p in itertools.product(*(range(n) for n in shape)))
+
+
+def chunk_intervals(n: int, k: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` of chunk ``i`` of ``torch.chunk(arange(n), k)``; the chunks torch
+    does not return are empty at ``n`` (CHUNK-2)."""
+    pieces = torch.arange(n).chunk(k) if n else ()
+    out = []
+    for i in range(k):
+        if i < len(pieces) and pieces[i].numel():
+            out.append((int(pieces[i][0]), int(pieces[i][-1]) + 1))
+        else:
+            out.append((n, n))
+    return out
+
+
+def mesh_coordinates(mesh_shape: Sequence[int]) -> list[tuple[int, ...]]:
+    """Coordinates in row-major order: rank ``r`` of ``arange(W).reshape(mesh_shape)``."""
+    return list(itertools.product(*(range(m) for m in mesh_shape)))
+
+
+def _chunk_list(xs: list[int], k: int) -> list[list[int]]:
+    if not xs:
+        return [[] for _ in range(k)]
+    pieces = [p.tolist() for p in torch.tensor(xs).chunk(k)]
+    return pieces + [[] for _ in range(k - len(pieces))]
+
+
+def dtensor_indices(
+    shape: Sequence[int], mesh_shape: Sequence[int], placements: Sequence[Any], coord: Sequence[int]
+) -> list[list[int]]:
+    """The global indices, per dim and in local order, that the local tensor at ``coord``
+    holds. ``placements`` are JSON: ``["S", d]``, ``["R"]``, ``["SS", d, split_factor]``."""
+    idx = [list(range(n)) for n in shape]
+    for m, p in enumerate(placements):
+        k, c = mesh_shape[m], coord[m]
+        if p[0] == "S":
+            idx[p[1]] = _chunk_list(idx[p[1]], k)[c]
+        elif p[0] == "SS":
+            mine: list[int] = []
+            for piece in _chunk_list(idx[p[1]], p[2]):
+                mine += _chunk_list(piece, k)[c]
+            idx[p[1]] = mine
+    return idx
+
+
+def indices_of_boxes(boxes: Sequence[Box], ndim: int) -> list[list[int]]:
+    """Per-dim global indices of a local tensor made of ``boxes`` in local storage order (a
+    product of per-dim runs, listed row-major, as a DTensor local tensor is)."""
+    out: list[list[int]] = []
+    for d in range(ndim):
+        runs: list[tuple[int, int]] = []
+        for b in boxes:
+            run = (b.offsets[d], b.sizes[d])
+            if run not in runs:
+                runs.append(run)
+        out.append([i for o, n in runs for i in range(o, o + n)])
+    return out
+
+
+def gather(global_tensor: torch.Tensor, indices: Sequence[Sequence[int]]) -> torch.Tensor:
+    """``global_tensor[ix_(*indices)]``, contiguous."""
+    t = global_tensor
+    for d, ix in enumerate(indices):
+        t = t.index_select(d, torch.tensor(list(ix), dtype=torch.long))
+    return t.contiguous()
+
+
+def volume(indices: Sequence[Sequence[int]]) -> int:
+    return math.prod(len(ix) for ix in indices)

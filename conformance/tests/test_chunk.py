@@ -1,0 +1,129 @@
+"""The chunk rule (spec/01-layout.md CHUNK-1..3, LAYOUT-1) wherever an implementation chunks:
+its chunk spec, its resharding path and its FSDP state-dict boxes, against ``torch.chunk`` of
+an index tensor."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance import reference
+from conformance.assertions import (
+    assert_boxes_equal,
+    assert_equal,
+    assert_tensor_bitwise,
+    describe_layout,
+)
+from conformance.cases import case
+from conformance.impls import Impl
+from conformance.strategies import chunk_args, dtypes, shapes, tensors, uneven_chunk_args
+from shardspec.metadata import Box, Layout
+
+ChunkFn = Callable[[tuple[int, ...], int, list[int]], Layout]
+
+
+def expected_boxes(shape: tuple[int, ...], dim: int, k: int) -> list[Box]:
+    d = dim % len(shape)
+    out = []
+    for start, stop in reference.chunk_intervals(shape[d], k):
+        offs = [0] * len(shape)
+        offs[d] = start
+        sizes = list(shape)
+        sizes[d] = stop - start
+        out.append(Box(offs, sizes))
+    return out
+
+
+def check_chunk_rule(build: ChunkFn, shape: tuple[int, ...], dim: int, ranks: list[int]) -> None:
+    """CHUNK-1 and CHUNK-3: one box per listed rank; chunk i's elements are torch.chunk's.
+    Empty chunks are checked for their size only; CHUNK-2 fixes their offset."""
+    ex = f"chunk(shape={shape}, dim={dim}, ranks={ranks})"
+    got = build(shape, dim, ranks)
+    assert_equal("layout.shape", got.shape, shape, ex)
+    assert_equal("len(layout.shards)", len(got.shards), len(ranks), ex)
+    for rank, want in zip(ranks, expected_boxes(shape, dim, len(ranks))):
+        boxes = got.boxes_of(rank)
+        assert_equal(f"len(boxes_of({rank}))", len(boxes), 1, ex)
+        if want.is_empty:
+            assert_equal(f"boxes_of({rank})[0].sizes", boxes[0].sizes, want.sizes, ex)
+        else:
+            assert_boxes_equal(f"boxes_of({rank})", boxes, [want], ex)
+
+
+def check_empty_chunks(build: ChunkFn, shape: tuple[int, ...], dim: int, ranks: list[int]) -> None:
+    """CHUNK-2 and LAYOUT-1: empty chunks sit at offset n, and the layout is valid."""
+    ex = f"chunk(shape={shape}, dim={dim}, ranks={ranks})"
+    got = build(shape, dim, ranks)
+    for rank, want in zip(ranks, expected_boxes(shape, dim, len(ranks))):
+        if want.is_empty:
+            assert_boxes_equal(f"boxes_of({rank})", got.boxes_of(rank), [want], ex)
+    assert_equal("valid", reference.is_valid(got), True, f"{ex} -> {describe_layout(got)}")
+
+
+@pytest.mark.rule("CHUNK-1", "CHUNK-3")
+@given(chunk_args())
+def test_chunk_spec_follows_the_chunk_rule(impl: Impl, args: Any) -> None:
+    with case():
+        check_chunk_rule(impl.chunk_layout, *args)
+
+
+@pytest.mark.rule("CHUNK-2", "LAYOUT-1")
+@pytest.mark.known_defect(
+    "torch",
+    "ChunkShardingSpec.build_metadata puts empty chunks past the end (offset 6 for a dim of 5 "
+    "over 4 ranks), which its own check_tensor rejects",
+)
+@given(uneven_chunk_args())
+def test_chunk_spec_puts_empty_chunks_at_n(impl: Impl, args: Any) -> None:
+    with case():
+        check_empty_chunks(impl.chunk_layout, *args)
+
+
+def _dense(args: Any) -> Any:
+    # The resharding path chunks over a whole process group: ranks are 0..k-1 in some order.
+    shape, dim, ranks = args
+    order = sorted(range(len(ranks)), key=lambda i: ranks[i])
+    return shape, dim, order
+
+
+@pytest.mark.rule("CHUNK-1", "CHUNK-3")
+@given(chunk_args().map(_dense))
+def test_reshard_path_follows_the_chunk_rule(impl: Impl, args: Any) -> None:
+    with case():
+        check_chunk_rule(impl.reshard_chunk_layout, *args)
+
+
+@pytest.mark.rule("CHUNK-2", "LAYOUT-1")
+@given(uneven_chunk_args().map(_dense))
+def test_reshard_path_puts_empty_chunks_at_n(impl: Impl, args: Any) -> None:
+    with case():
+        check_empty_chunks(impl.reshard_chunk_layout, *args)
+
+
+@pytest.mark.rule("CHUNK-1", "CONF-1")
+@pytest.mark.known_defect(
+    "torch",
+    "tensor/parallel/fsdp.py _get_box computes offsets with floor division: for 5 rows on 2 "
+    "ranks rank 1 holds [3, 5) but is reported at offset 2",
+    issue="PR #188947",
+)
+@pytest.mark.pool
+@given(st.integers(1, 4), shapes(min_dims=1, max_dims=3, max_side=7), st.data())
+def test_fsdp_box_holds_the_local_tensor(
+    impl: Impl, pools: Any, world: int, shape: tuple[int, ...], data: st.DataObject
+) -> None:
+    """On real ranks: the box the FSDP state-dict path reports for a DTensor chunked on a 1-D
+    mesh is where the rank's local tensor really sits in the global tensor."""
+    dim = data.draw(st.integers(0, len(shape) - 1), label="dim")
+    t = data.draw(tensors(shape, dtypes()), label="tensor")
+    ex = f"fsdp(shape={shape}, dim={dim}, world={world}, dtype={t.dtype})"
+    with case():
+        got = impl.fsdp_local_boxes(pools(world), t, dim)
+        for rank, (box, local) in enumerate(got):
+            assert_equal(f"rank{rank}.box.sizes", box.sizes, tuple(local.shape), ex)
+            assert_equal(f"rank{rank}.box fits", box.fits_in(shape), True, f"{ex} box={box}")
+            assert_tensor_bitwise(f"rank{rank}.local", local, t[box.slices()], f"{ex} box={box}")

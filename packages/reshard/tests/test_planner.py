@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, strategies as st
 
 from shardspec.metadata import Box, Layout, LayoutError, Shard, chunk_layout
 from shardspec.metadata.strategies import shapes, valid_layouts
-from shardspec.reshard import Piece, plan
+from shardspec.reshard import Piece, index as index_module, plan, planner as planner_module
 from shardspec.reshard.blocks import flat_blocks
 from shardspec.reshard.index import BoxIndex
+
+
+@contextlib.contextmanager
+def indexed(force: bool) -> Iterator[None]:
+    """With ``force``, small layouts take the NumPy set-up and grid/tree indexes too (they
+    normally take the plain-Python scan), so both paths meet every generated case."""
+    saved = planner_module._SMALL, index_module._SCAN
+    if force:
+        planner_module._SMALL, index_module._SCAN = 0, 0
+    try:
+        yield
+    finally:
+        planner_module._SMALL, index_module._SCAN = saved
 
 
 def points(box: Box) -> list[tuple[int, ...]]:
@@ -62,20 +77,27 @@ def check_plan_against_brute_force(src: Layout, dst: Layout, pieces: list[Piece]
 
 
 @pytest.mark.rule("RESHARD-2", "RESHARD-3", "RESHARD-4")
-@given(layout_pairs())
-def test_plan_assigns_every_element_once_from_a_holder(pair: tuple[Layout, Layout]) -> None:
+@given(layout_pairs(), st.booleans())
+def test_plan_assigns_every_element_once_from_a_holder(
+    pair: tuple[Layout, Layout], force: bool
+) -> None:
     src, dst = pair
-    check_plan_against_brute_force(src, dst, list(plan(src, dst).pieces))
+    with indexed(force):
+        pieces = list(plan(src, dst).pieces)
+    check_plan_against_brute_force(src, dst, pieces)
 
 
 @pytest.mark.rule("RESHARD-2", "RESHARD-7")
-@given(layout_pairs(), st.integers(0, 6))
+@given(layout_pairs(), st.integers(0, 6), st.booleans())
 def test_rank_plan_is_the_global_plan_restricted_to_the_rank(
-    pair: tuple[Layout, Layout], rank: int
+    pair: tuple[Layout, Layout], rank: int, force: bool
 ) -> None:
+    """Also across the two set-up paths: the scan and the indexes give the same pieces."""
     src, dst = pair
-    whole = plan(src, dst)
-    mine = plan(src, dst, rank)
+    with indexed(not force):
+        whole = plan(src, dst)
+    with indexed(force):
+        mine = plan(src, dst, rank)
     expected = [p for p in whole.pieces if rank in (p.src_rank, p.dst_rank)]
     assert list(mine.pieces) == expected
     assert mine.sends(rank) == [p for p in expected if p.src_rank == rank and not p.is_local]
@@ -223,7 +245,8 @@ def test_rank_plan_work_grows_with_its_pieces_not_n_times_m(
 @given(valid_layouts(shapes(max_dims=3, max_side=6), max_ranks=4), st.data())
 def test_box_index_finds_exactly_the_overlapping_boxes(layout: Layout, data: st.DataObject) -> None:
     boxes = list(dict.fromkeys(s.box for s in layout if not s.box.is_empty))
-    index = BoxIndex(boxes, layout.shape)
+    with indexed(data.draw(st.booleans())):
+        index = BoxIndex(boxes, layout.shape)
     for _ in range(3):
         offs = [data.draw(st.integers(0, n)) for n in layout.shape]
         sizes = [data.draw(st.integers(0, n - o)) for o, n in zip(offs, layout.shape)]
@@ -234,11 +257,16 @@ def test_box_index_finds_exactly_the_overlapping_boxes(layout: Layout, data: st.
 
 @pytest.mark.rule("RESHARD-7")
 def test_box_index_kinds() -> None:
-    assert BoxIndex(chunk_layout((9, 4), 1, range(3)).boxes_of(0) * 1, (9, 4)).kind == "grid"
-    guillotine = [Box((0, 0), (4, 2)), Box((0, 2), (1, 2)), Box((1, 2), (3, 2))]
-    index = BoxIndex(guillotine, (4, 4))
+    assert BoxIndex(chunk_layout((99, 4), 0, range(20)).boxes_of(0), (99, 4)).kind == "scan"
+    rows = [s.box for s in chunk_layout((99, 4), 0, range(20))]
+    assert BoxIndex(rows, (99, 4)).kind == "grid"
+    # Bands of rows cut at different columns: a guillotine layout, not a product grid.
+    bands = [Box((i, 0), (1, 1 + i % 3)) for i in range(20)]
+    bands += [Box((i, 1 + i % 3), (1, 3 - i % 3)) for i in range(20)]
+    index = BoxIndex(bands, (20, 4))
     assert index.kind == "tree"
-    assert sorted(index.query(Box((2, 1), (1, 3)))) == [0, 2]
+    assert sorted(index.query(Box((2, 1), (2, 3)))) == [2, 22, 23]
+    assert sorted(index.query(Box((1, 0), (1, 2)))) == [1]
 
 
 # ---------------------------------------------------------------- flat element ranges

@@ -13,6 +13,8 @@ Two structures, chosen at build time:
   nested chunkings, random cuts). A region no dim can cut is a leaf scanned linearly; only
   non-guillotine arrangements (pinwheels) reach one.
 
+* **Scan**: up to 16 boxes (a state dict's typical tensor), a query tests each box.
+
 Boxes are assumed pairwise disjoint (a validated layout's distinct boxes); the index never
 holds empty boxes, and a query with an empty box returns nothing.
 """
@@ -27,6 +29,10 @@ from typing import Any
 from shardspec.metadata import Box
 
 __all__ = ["BoxIndex"]
+
+# Up to this many boxes a linear scan beats building an index (most state-dict tensors have a
+# handful of shards, and NumPy's per-call overhead would dominate their planning).
+_SCAN = 16
 
 
 class BoxIndex:
@@ -48,7 +54,7 @@ class BoxIndex:
         self._ndim = len(shape)
         self._grid: tuple[list[list[int]], list[list[int]], Any] | None = None
         self._tree: _Node | None = None
-        if self._ndim == 0 or not self._boxes:
+        if self._ndim == 0 or len(boxes) <= _SCAN:
             return
         if offsets is None or stops is None:
             import numpy as np
@@ -65,10 +71,10 @@ class BoxIndex:
 
     @property
     def kind(self) -> str:
-        """``"grid"``, ``"tree"`` or ``"trivial"`` (0-d or no boxes): for tests and docs."""
+        """``"grid"``, ``"tree"`` or ``"scan"`` (0-d or a few boxes): for tests and docs."""
         if self._grid is not None:
             return "grid"
-        return "tree" if self._tree is not None else "trivial"
+        return "tree" if self._tree is not None else "scan"
 
     def query_clipped(self, q: Box) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
         """``(position, offsets, sizes)`` of ``box ∩ q`` for every indexed box that shares an
@@ -78,7 +84,7 @@ class BoxIndex:
         if self._grid is not None and self._ndim:
             return _clipped_grid(*self._grid, q)
         out = []
-        for i in self.query(q):
+        for i in self.query(q) if self._tree is not None else range(len(self._boxes)):
             common = self._boxes[i].intersect(q)
             if common is not None:
                 out.append((i, common.offsets, common.sizes))
@@ -90,6 +96,8 @@ class BoxIndex:
             return []
         if self._ndim == 0:
             return list(range(len(self._boxes)))
+        if self._grid is None and self._tree is None:
+            return [i for i, b in enumerate(self._boxes) if b.overlaps(q)]
         if self._grid is not None:
             starts, stops, cells = self._grid
             index: list[slice] = []

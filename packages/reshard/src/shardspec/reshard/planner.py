@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from shardspec.metadata import Box, Layout, LayoutError, chunk_bounds
 
@@ -156,14 +156,22 @@ def plan(src: Layout, dst: Layout, rank: int | None = None, *, validate: bool = 
     return _Planner(src, dst).run(rank)
 
 
+_SMALL = 16  # layouts with at most this many shards are prepared without NumPy
+
+
 class _Distinct:
     """A layout's distinct non-empty boxes, their holders (ascending rank), and each shard's
     position in its rank's local order; built with NumPy in O(n log n)."""
 
     def __init__(self, layout: Layout) -> None:
+        shards = layout.shards
+        self.offsets: Any = None
+        self.stops: Any = None
+        if len(shards) <= _SMALL:
+            self._small(layout)
+            return
         import numpy as np
 
-        shards = layout.shards
         n, nd = len(shards), layout.ndim
         offs = np.array([s.box.offsets for s in shards], dtype=np.int64).reshape(n, nd)
         sizes = np.array([s.box.sizes for s in shards], dtype=np.int64).reshape(n, nd)
@@ -188,7 +196,6 @@ class _Distinct:
             starts = np.zeros(0, dtype=np.int64)
         self.order: list[int] = order.tolist()
         bounds = np.append(starts, len(order))
-        self.first: list[int] = bounds[:-1].tolist()  # run k is order[first[k]:first[k+1]]
         self.bounds: list[int] = bounds.tolist()
         rep = order[starts]
         self.offsets = offs[rep]
@@ -201,6 +208,29 @@ class _Distinct:
             self._kept = np.zeros(n, dtype=bool)
             self._kept[order] = True
 
+    def _small(self, layout: Layout) -> None:
+        # The same structures in plain Python: NumPy's per-call overhead dominates here.
+        seen: dict[int, int] = {}
+        self.local = []
+        self.ranks = []
+        runs: dict[Box, list[tuple[int, int]]] = {}
+        for i, s in enumerate(layout.shards):
+            k = seen.get(s.rank, 0)
+            self.local.append(k)
+            seen[s.rank] = k + 1
+            self.ranks.append(s.rank)
+            if not s.box.is_empty:
+                runs.setdefault(s.box, []).append((s.rank, i))
+        self.boxes = sorted(runs)
+        self.order = []
+        self.bounds = [0]
+        self._mine: dict[int, list[int]] = {}
+        for k, box in enumerate(self.boxes):
+            for r, i in sorted(runs[box]):
+                self.order.append(i)
+                self._mine.setdefault(r, []).append(k)
+            self.bounds.append(len(self.order))
+
     def holders(self, k: int) -> list[int]:
         """Shard indices holding distinct box ``k``, by ascending rank."""
         return self.order[self.bounds[k] : self.bounds[k + 1]]
@@ -211,6 +241,8 @@ class _Distinct:
 
         if not self.order:
             return []
+        if self.offsets is None:
+            return self._mine.get(rank, [])
         mine = np.flatnonzero((np.asarray(self.ranks) == rank) & self._kept)
         return sorted(set(self._group[mine].tolist()))
 

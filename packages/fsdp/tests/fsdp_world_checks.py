@@ -470,6 +470,9 @@ def two_by_two_world(rank: int, world: int, ckpt1: str, ckpt2: str) -> dict[str,
     out.update(fsdp2_world(rank, world, ckpt2))
     out["facts"].update(facts)
     out.update(conversions_world(rank, world))
+    more = hooks_random_world(rank, world, 2, 2, random_cases(0, 60))
+    out["hooks_random"] = more["hooks_random"]
+    out["facts"]["hooks_kinds"] = more["facts"]["kinds"]
     return out
 
 
@@ -481,6 +484,9 @@ def three_by_two_world(rank: int, world: int, ckpt1: str, ckpt2: str) -> dict[st
     more = fsdp2_full_tensor_world(rank, world, 3, 2, ckpt2)
     out["fsdp2_data"] = more["fsdp2_data"]
     out["facts"] = {**facts, **more["facts"]}
+    hooks = hooks_random_world(rank, world, 3, 2, random_cases(1, 60))
+    out["hooks_random"] = hooks["hooks_random"]
+    out["facts"]["hooks_kinds"] = hooks["facts"]["kinds"]
     return out
 
 
@@ -597,3 +603,119 @@ def conversions_world(rank: int, world: int) -> dict[str, Any]:
         again = m4.state_dict()
     out["fsdp2_to_fsdp1"] = _check_dtensor_entries(again, ref, rank, dp, tp, "fsdp2->fsdp1")
     return out
+
+
+def random_cases(seed: int, n: int) -> list[dict[str, Any]]:
+    """Cases for the hooks on real ranks: uneven splits, more ranks than rows, zero-size dims,
+    1-d and 3-d tensors, every TP placement, several dtypes; the edges listed first."""
+    import random
+
+    rnd = random.Random(seed)
+    dtypes = ["float32", "bfloat16", "int64", "bool", "complex64", "float64"]
+    cases: list[dict[str, Any]] = [
+        {"shape": [7, 10], "tp": "S0", "dtype": "float32"},
+        {"shape": [5, 7], "tp": "S1", "dtype": "float32"},
+        {"shape": [1, 3], "tp": "S0", "dtype": "int64"},
+        {"shape": [0, 4], "tp": "S0", "dtype": "float32"},
+        {"shape": [3, 0], "tp": "S1", "dtype": "bool"},
+        {"shape": [2], "tp": "R", "dtype": "bfloat16"},
+        {"shape": [6], "tp": "S0", "dtype": "complex64"},
+    ]
+    while len(cases) < n:
+        nd = rnd.randint(1, 3)
+        shape = [rnd.choice([0, 1, 2, 3, 5, 7, 9]) for _ in range(nd)]
+        tp = rnd.choice(["R"] + [f"S{d}" for d in range(nd)])
+        cases.append({"shape": shape, "tp": tp, "dtype": rnd.choice(dtypes)})
+    return cases
+
+
+def _global(case: dict[str, Any]) -> torch.Tensor:
+    shape = case["shape"]
+    n = 1
+    for s in shape:
+        n *= s
+    base = torch.arange(n, dtype=torch.float64).reshape(shape) + 1
+    dtype = getattr(torch, case["dtype"])
+    if dtype is torch.bool:
+        return (base.long() % 3 == 0).reshape(shape)
+    if dtype is torch.complex64:
+        return torch.complex(base.float(), -base.float())
+    return base.to(dtype)
+
+
+def hooks_random_world(
+    rank: int, world: int, dp: int, tp: int, cases: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Our hooks on many random parameters: chunk_dtensor (DTensor or flat ShardedTensor),
+    all_gather_dtensor back, chunk_tensor + flatten + pre_load, each against torch.chunk of
+    torch.chunk of the global tensor."""
+    from torch.distributed._shard.sharded_tensor.api import ShardedTensor
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import (
+        DTensor,
+        Replicate as TReplicate,
+        Shard as TShard,
+        distribute_tensor,
+    )
+
+    from shardspec.fsdp import DTensorExtensions, flatten_sharded_tensors
+    from shardspec.fsdp.flatten import layout_of
+    from shardspec.metadata import Box
+
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    p = mesh.get_coordinate()[0]
+    ext = DTensorExtensions()
+    dp_pg = mesh["dp"].get_group()
+    bad: list[str] = []
+    kinds: dict[str, int] = {}
+    for i, case in enumerate(cases):
+        g = _global(case)
+        tp_pl = TReplicate() if case["tp"] == "R" else TShard(int(case["tp"][1:]))
+        ours_tp = from_torch(tp_pl)
+        truth_l = fsdp_tp_layout(tuple(g.shape), ours_tp, dp=dp, tp_size=tp)
+        (box,) = truth_l.boxes_of(rank)
+        want = g[box.slices()]
+        where = f"case {i} {case} rank {rank}"
+        try:
+            dt = distribute_tensor(g, mesh["tp"], [tp_pl])
+            out = ext.chunk_dtensor(dt, p, mesh["dp"])
+            if isinstance(out, DTensor):
+                kinds["dtensor"] = kinds.get("dtensor", 0) + 1
+                local = out.to_local()
+                claimed = dtensor_layout(
+                    tuple(out.shape), (dp, tp), [from_torch(x) for x in out.placements]
+                )
+                mine = [b for b in claimed.boxes_of(rank) if not b.is_empty]
+                if mine != ([box] if not box.is_empty else []):
+                    bad.append(f"{where}: placements {out.placements} claim {mine}, data {box}")
+            elif isinstance(out, ShardedTensor):
+                kinds["sharded_tensor"] = kinds.get("sharded_tensor", 0) + 1
+                (sh,) = out.local_shards()
+                local = sh.tensor
+                if Box(sh.metadata.shard_offsets, sh.metadata.shard_sizes) != box:
+                    bad.append(f"{where}: flat shard at {sh.metadata}, data {box}")
+                layout_of(out).validate()
+            else:
+                bad.append(f"{where}: chunk_dtensor returned {type(out).__name__}")
+                continue
+            if local.dtype != g.dtype or not torch.equal(local, want):
+                bad.append(f"{where}: chunk_dtensor local {tuple(local.shape)} is not g{box}")
+            back = ext.all_gather_dtensor(out, mesh)  # type: ignore[arg-type]
+            if not torch.equal(back, dt.to_local()):
+                bad.append(f"{where}: all_gather_dtensor {tuple(back.shape)} is not the TP piece")
+            if g.ndim >= 1:
+                st = ext.chunk_tensor(dt, p, dp, 1, dp_pg)
+                _, shards = ext.pre_load_state_dict_transform(st)
+                if len(shards) != 1 or not torch.equal(shards[0].tensor, want):
+                    bad.append(f"{where}: pre_load chunk is not g{box}")
+                flat = flatten_sharded_tensors({"w": st})["w"]
+                (fs,) = flat.local_shards()
+                fbox = Box(fs.metadata.shard_offsets, fs.metadata.shard_sizes)
+                if fbox != box or not torch.equal(fs.tensor, want):
+                    bad.append(f"{where}: flattened local shard {fbox}, but should be {box}")
+                for s in layout_of(flat).shards:
+                    if s.box not in truth_l.boxes_of(s.rank):
+                        bad.append(f"{where}: flat metadata gives {s.box} to rank {s.rank}")
+        except Exception as e:
+            bad.append(f"{where}: {type(e).__name__}: {e}")
+    return {"hooks_random": bad, "facts": {"kinds": kinds, "cases": len(cases)}}

@@ -169,6 +169,12 @@ def test_fsdp1_2d_state_dict_to_fsdp2_dp4_and_back(two_by_two) -> None:  # type:
     _assert_clean(two_by_two, "fsdp2_to_fsdp1")
 
 
+@pytest.mark.rule("FSDP-5", "FSDP-6", "FSDP-8")
+def test_hooks_on_random_parameters_2x2(two_by_two) -> None:  # type: ignore[no-untyped-def]
+    _assert_clean(two_by_two, "hooks_random")
+    assert sum(two_by_two[0]["facts"]["hooks_kinds"].values()) == 60
+
+
 # dp=3 x tp=2 (6 ranks): 7 rows over TP 2 then FSDP 3, which no DTensor describes (FSDP-5).
 
 
@@ -203,3 +209,10 @@ def test_fsdp2_dp3_tp2_data_follows_the_rule(three_by_two) -> None:  # type: ign
 def test_upstream_fsdp2_dcp_round_trip_dp3_tp2(three_by_two) -> None:  # type: ignore[no-untyped-def]
     facts = {r: rep["facts"]["wrong_after_dcp"] for r, rep in three_by_two.items()}
     assert all(v == [] for v in facts.values()), facts
+
+
+@pytest.mark.rule("FSDP-5", "FSDP-6", "FSDP-8")
+def test_hooks_on_random_parameters_3x2(three_by_two) -> None:  # type: ignore[no-untyped-def]
+    _assert_clean(three_by_two, "hooks_random")
+    kinds = three_by_two[0]["facts"]["hooks_kinds"]
+    assert kinds.get("sharded_tensor", 0) > 0, kinds  # the flat ShardedTensor path ran

@@ -8,7 +8,7 @@ from typing import Any
 
 from .errors import LayoutError
 
-__all__ = ["Box", "as_index_tuple"]
+__all__ = ["Box", "as_index", "as_index_tuple"]
 
 
 def as_index_tuple(values: Iterable[Any], what: str) -> tuple[int, ...]:
@@ -17,15 +17,47 @@ def as_index_tuple(values: Iterable[Any], what: str) -> tuple[int, ...]:
     bool is refused because ``True`` silently passing as ``1`` hides swapped arguments, and
     floats are refused because a layout with ``2.0`` rows is a bug upstream of us.
     """
+    try:
+        items = tuple(values)
+    except TypeError:  # an int where a sequence belongs: say so instead of "not iterable"
+        raise LayoutError(f"{what} must be a sequence of integers, got {values!r}") from None
     out: list[int] = []
-    for v in values:
-        if isinstance(v, bool) or not hasattr(v, "__index__"):
-            raise LayoutError(f"{what} must be integers, got {v!r} in {tuple(values)!r}")
-        i = v.__index__()
+    for v in items:
+        i = _to_int(v)
+        if i is None:
+            raise LayoutError(f"{what} must be integers, got {v!r} in {items!r}")
         if i < 0:
-            raise LayoutError(f"{what} must be non-negative, got {i} in {tuple(values)!r}")
+            raise LayoutError(f"{what} must be non-negative, got {i} in {items!r}")
         out.append(i)
     return tuple(out)
+
+
+def _to_int(v: Any) -> int | None:
+    """``v`` as a Python int when it is an integer (Python, numpy or 0-d torch), else None.
+
+    Booleans of every kind are refused: ``True`` passing as ``1`` hides swapped arguments.
+    """
+    if type(v) is int:
+        return v
+    if (
+        isinstance(v, bool)
+        or not hasattr(v, "__index__")
+        or str(getattr(v, "dtype", "")) in ("bool", "torch.bool")
+    ):
+        return None
+    try:
+        return int(v.__index__())
+    except TypeError:  # a multi-element tensor or array has __index__ but refuses it
+        return None
+
+
+def as_index(value: Any, what: str) -> int:
+    """``value`` as a Python int (possibly negative): anything with ``__index__`` (numpy and
+    0-d torch integers, as upstream callers hand them over), never a bool or a float."""
+    i = _to_int(value)
+    if i is None:
+        raise LayoutError(f"{what} must be an int, got {value!r}")
+    return i
 
 
 class Box:

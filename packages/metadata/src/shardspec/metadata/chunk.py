@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .box import Box, as_index_tuple
+from .box import Box, as_index, as_index_tuple
 from .errors import LayoutError
 from .layout import Layout, Shard
 
@@ -37,6 +37,7 @@ def chunk_layout(shape: Sequence[int], dim: int, ranks: Sequence[int]) -> Layout
     """
     shp = as_index_tuple(shape, "shape")
     nd = len(shp)
+    dim = as_index(dim, "chunk dim")
     if not -nd <= dim < nd or nd == 0:
         raise LayoutError(f"dim {dim} is out of range for shape {shp} (ndim {nd})")
     dim %= nd

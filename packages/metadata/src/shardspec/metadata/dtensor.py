@@ -79,6 +79,11 @@ def mesh_ranks(mesh: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def _splits(placements: Sequence[Placement], ndim: int) -> tuple[Split | None, ...]:
+    if isinstance(placements, Placement) or not isinstance(placements, Sequence):
+        raise ConversionError(
+            f"placements must be a sequence (list or tuple) with one placement per mesh dim, "
+            f"got {placements!r}"
+        )
     out: list[Split | None] = []
     for m, p in enumerate(placements):
         if isinstance(p, Partial):
@@ -126,11 +131,34 @@ def dtensor_local_boxes(
     placements: Sequence[Placement],
     coordinate: Sequence[int],
 ) -> tuple[Box, ...]:
-    """The boxes of the local tensor at mesh ``coordinate``, in local storage order."""
+    """The boxes of the local tensor at mesh ``coordinate``, in local storage order.
+
+    ``mesh_shape`` is the mesh's shape, or the mesh itself (``DeviceMesh``, tensor of ranks,
+    nested list); ``coordinate`` is one index per mesh dim (``DeviceMesh.get_coordinate()``).
+    """
     shp = as_index_tuple(shape, "shape")
-    return local_boxes(
-        shp, as_index_tuple(mesh_shape, "mesh shape"), _splits(placements, len(shp)), coordinate
+    try:
+        coord = as_index_tuple(coordinate, "mesh coordinate")
+    except LayoutError as e:
+        raise ConversionError(str(e)) from None
+    return local_boxes(shp, _mesh_shape(mesh_shape), _splits(placements, len(shp)), coord)
+
+
+def _mesh_shape(mesh: Any) -> tuple[int, ...]:
+    """The shape of a mesh given as its shape (a tuple, list or ``torch.Size``) or as the mesh
+    itself (a ``DeviceMesh``, a tensor or array of ranks, a nested list of ranks), as callers
+    of torch's ``compute_local_shape_and_global_offset(shape, mesh, placements)`` pass it."""
+    is_mesh = (hasattr(mesh, "mesh") or hasattr(mesh, "tolist")) and not isinstance(
+        mesh, (list, tuple)
     )
+    if is_mesh or (
+        isinstance(mesh, (list, tuple)) and any(isinstance(x, (list, tuple)) for x in mesh)
+    ):
+        return mesh_ranks(mesh)[0]
+    try:
+        return as_index_tuple(mesh, "mesh shape")
+    except LayoutError as e:
+        raise ConversionError(str(e)) from None
 
 
 def dtensor_local_box(
@@ -147,8 +175,9 @@ def dtensor_local_box(
     boxes = dtensor_local_boxes(shape, mesh_shape, placements, coordinate)
     if len(boxes) != 1:
         raise ConversionError(
-            f"the local tensor at coordinate {tuple(coordinate)} of mesh {tuple(mesh_shape)} "
-            f"with placements {tuple(placements)} is not one block of shape {tuple(shape)}: "
+            f"the local tensor at coordinate {tuple(coordinate)} of mesh "
+            f"{_mesh_shape(mesh_shape)} with placements {tuple(placements)} is not one block "
+            f"of shape {tuple(shape)}: "
             f"it holds {len(boxes)} boxes {list(boxes)}; use dtensor_local_boxes"
         )
     return boxes[0]

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .box import Box, as_index_tuple
+from .box import Box, _to_int, as_index_tuple
 from .errors import LayoutError
 
 __all__ = ["Layout", "Shard"]
@@ -24,7 +24,13 @@ class Shard:
     def __post_init__(self) -> None:
         if not isinstance(self.box, Box):
             raise LayoutError(f"Shard.box must be a Box, got {self.box!r}")
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+        rank: int | None = self.rank
+        if type(rank) is not int:  # numpy / torch ints from upstream code become plain ints
+            rank = _to_int(rank)
+            if rank is None:
+                raise LayoutError(f"Shard.rank must be a non-negative int, got {self.rank!r}")
+            object.__setattr__(self, "rank", rank)
+        if rank < 0:
             raise LayoutError(f"Shard.rank must be a non-negative int, got {self.rank!r}")
 
     def __repr__(self) -> str:

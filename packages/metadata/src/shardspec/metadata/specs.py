@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .box import as_index_tuple
+from .box import as_index, as_index_tuple
 from .chunk import chunk_layout
 from .errors import LayoutError
 from .layout import Layout
@@ -30,8 +30,7 @@ class ChunkSpec:
     ranks: tuple[int, ...]
 
     def __init__(self, dim: int, ranks: Sequence[int]) -> None:
-        if isinstance(dim, bool) or not isinstance(dim, int):
-            raise LayoutError(f"ChunkSpec dim must be an int, got {dim!r}")
+        dim = as_index(dim, "ChunkSpec dim")
         rks = as_index_tuple(ranks, "ChunkSpec ranks")
         if not rks:
             raise LayoutError("ChunkSpec needs at least one rank")

@@ -146,6 +146,13 @@ def validate_layout(layout: Layout) -> None:
     if problem is None:
         return
     if isinstance(problem, _Gap):
+        # A layout that overlaps and also leaves a gap is reported as the overlap: it names
+        # two shards (the more specific fault), and it is what upstream's overlap checks
+        # (`validate_non_overlapping_shards_metadata`, `_validate_global_plan`) report for it.
+        pair = _find_overlap(bounds)
+        if pair is not None:
+            problem = _Overlap(*pair)
+    if isinstance(problem, _Gap):
         raise LayoutError(
             f"the shards do not cover the tensor: element {problem.point} of shape {shape} "
             f"is held by no shard ({m} shards)",
@@ -278,6 +285,39 @@ def _uncut(
     if volume == math.prod(b - a for a, b in zip(lo, hi)):
         return None
     return _Gap(_gap_by_sections(bounds, idx, lo, hi))
+
+
+def _find_overlap(bounds: list[_Bounds]) -> tuple[int, int] | None:
+    """A pair of overlapping boxes, whether or not the boxes cover the region.
+
+    The same guillotine recursion as :func:`_solve`, but a position no box covers is just
+    another cut; only groups no dim can split go to the sweep line.
+    """
+    nd = len(bounds[0][0]) if bounds else 0
+    stack: list[list[int]] = [list(range(len(bounds)))]
+    while stack:
+        idx = stack.pop()
+        if len(idx) < 2:
+            continue
+        best: list[list[int]] = [idx]
+        for d in range(nd):
+            order = sorted(idx, key=lambda i: bounds[i][0][d])
+            groups: list[list[int]] = []
+            reach = -1
+            for i in order:
+                if bounds[i][0][d] >= reach:
+                    groups.append([])
+                groups[-1].append(i)
+                reach = max(reach, bounds[i][1][d])
+            if len(groups) > len(best):
+                best = groups
+        if len(best) > 1:
+            stack.extend(best)
+            continue
+        pair = _sweep_overlap(bounds, idx)
+        if pair is not None:
+            return pair
+    return None
 
 
 def _sweep_overlap(bounds: list[_Bounds], idx: list[int]) -> tuple[int, int] | None:

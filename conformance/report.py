@@ -1,0 +1,213 @@
+"""Run the conformance suite and write a report: ``python -m conformance.report --out NAME``.
+
+Writes ``NAME.md`` (readable on its own: a table per area, then every divergence with its
+shrunk example, the rule it breaks, what the spec says, what the implementation did and the
+upstream issue when known) and ``NAME.json``. Extra arguments go to pytest. Exits 0 when the
+suite ran, whatever it found: this is a report, not a gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RULE_HEADING = re.compile(r"^###\s+([A-Z][A-Z0-9]*-\d+)\s*[:—-]\s*(.+?)\s*$")
+
+
+def read_rules() -> dict[str, str]:
+    rules: dict[str, str] = {}
+    for path in sorted((ROOT / "spec").glob("*.md")):
+        for line in path.read_text().splitlines():
+            m = RULE_HEADING.match(line)
+            if m:
+                rules[m.group(1)] = f"{m.group(2)} ({path.name})"
+    return rules
+
+
+@dataclass
+class Case:
+    test: str
+    area: str
+    rules: list[str]
+    outcome: str  # passed | diverged | unsupported | skipped | error
+    known: bool = False
+    issue: str | None = None
+    reason: str | None = None
+    message: str | None = None
+    example: str | None = None
+    unsupported_examples: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def _area(nodeid: str) -> str:
+    stem = Path(nodeid.split("::")[0]).stem
+    return stem.removeprefix("test_")
+
+
+def _example(exc: BaseException | None) -> str | None:
+    if exc is None:
+        return None
+    notes = list(getattr(exc, "__notes__", []))
+    for sub in getattr(exc, "exceptions", []):  # several distinct failures
+        notes += list(getattr(sub, "__notes__", []))
+    keep = [n for n in notes if not n.startswith(("Explanation", "You can reproduce"))]
+    text = "\n".join(keep).strip()
+    text = re.sub(r"\n\s*Explanation:.*", "", text, flags=re.S)
+    return text or None
+
+
+def _message(exc: BaseException | None) -> str | None:
+    if exc is None:
+        return None
+    excs = list(getattr(exc, "exceptions", [])) or [exc]
+    lines = []
+    for e in excs:
+        first = str(e).strip().splitlines()
+        head = first[0] if first else ""
+        if len(first) > 1 and not re.search(r"=.*but should be", head):
+            head = "\n".join(first[:12])  # a rank's traceback: keep its tail readable
+        lines.append(f"{type(e).__name__}: {head}")
+    return "\n".join(lines)
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.cases: dict[str, Case] = {}
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+        rep = yield
+        rules = [r for m in item.iter_markers("rule") for r in m.args]
+        known = next(iter(item.iter_markers("known_defect")), None)
+        case = self.cases.get(item.nodeid)
+        if case is None:
+            case = self.cases[item.nodeid] = Case(item.nodeid, _area(item.nodeid), rules, "passed")
+        if rep.when == "call":
+            case.seconds = rep.duration
+            for key, value in item.user_properties:
+                if key == "unsupported":
+                    case.unsupported_examples = value
+        exc = call.excinfo.value if call.excinfo is not None else None
+        if rep.skipped and not hasattr(rep, "wasxfail"):
+            reason = str(rep.longrepr[2]) if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+            reason = reason.removeprefix("Skipped: ")
+            case.outcome = "unsupported" if "unsupported by" in reason else "skipped"
+            case.reason = reason
+        elif hasattr(rep, "wasxfail") and rep.skipped:  # a known defect reproduced
+            case.outcome = "diverged"
+            case.known = True
+            case.reason = rep.wasxfail
+            case.issue = known.kwargs.get("issue") if known else None
+            case.message, case.example = _message(exc), _example(exc)
+        elif rep.failed:
+            if rep.when == "call":
+                case.outcome = "diverged"
+                case.message, case.example = _message(exc), _example(exc)
+                if hasattr(rep, "wasxfail") or "XPASS" in str(rep.longrepr):
+                    case.outcome = "passed"
+                    case.reason = "known defect no longer reproduces (strict xfail passed)"
+            else:
+                case.outcome = "error"
+                case.message = _message(exc) or str(rep.longrepr)[-2000:]
+        return rep
+
+
+def render(impl: str, cases: list[Case], seconds: float) -> str:
+    rules = read_rules()
+    areas: dict[str, list[Case]] = {}
+    for c in cases:
+        areas.setdefault(c.area, []).append(c)
+    out = [
+        f"# Conformance report: `{impl}`",
+        "",
+        f"The shardspec conformance suite run against `{impl}` "
+        f"({len(cases)} tests, {seconds:.0f} s). Each test is a property checked on up to "
+        "the Hypothesis profile's number of examples; a divergence is a test that found a case "
+        "where the implementation breaks a rule of the spec, shrunk to a minimal example.",
+        "",
+        "| area | passed | diverged | of which known | unsupported | other |",
+        "|---|---|---|---|---|---|",
+    ]
+    for area, cs in sorted(areas.items()):
+        n = {k: sum(c.outcome == k for c in cs) for k in ("passed", "diverged", "unsupported")}
+        known = sum(c.known for c in cs)
+        other = len(cs) - sum(n.values())
+        out.append(
+            f"| {area} | {n['passed']} | {n['diverged']} | {known} | {n['unsupported']} | {other} |"
+        )
+    for area, cs in sorted(areas.items()):
+        out += ["", f"## {area}", "", "| test | rules | outcome |", "|---|---|---|"]
+        for c in cs:
+            name = c.test.split("::", 1)[1]
+            what = c.outcome + (" (known)" if c.known else "")
+            if c.outcome in ("unsupported", "skipped") and c.reason:
+                what += f": {c.reason}"
+            if c.unsupported_examples and c.outcome != "unsupported":
+                total = sum(c.unsupported_examples.values())
+                what += f"; {total} example(s) unsupported: " + "; ".join(c.unsupported_examples)
+            out.append(f"| `{name}` | {', '.join(c.rules)} | {what} |")
+    divergences = [c for c in cases if c.outcome in ("diverged", "error")]
+    out += ["", "## Divergences", ""]
+    if not divergences:
+        out.append("None.")
+    for i, c in enumerate(divergences, 1):
+        out += [f"### {i}. `{c.test}`", ""]
+        for r in c.rules:
+            out.append(f"- **Rule {r}**: {rules.get(r, '(not in spec/)')}")
+        if c.known:
+            out.append(f"- **Known upstream defect**: {c.reason}")
+        out.append(f"- **Upstream issue/PR**: {c.issue or 'none known'}")
+        out += ["", f"What `{impl}` did:", "", "```", (c.message or "").strip(), "```"]
+        if c.example:
+            out += ["", "Minimal (shrunk) example:", "", "```", c.example, "```"]
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default="conformance-report", help="output path without suffix")
+    args, rest = parser.parse_known_args(argv)
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from conformance.impls import impl_name
+
+    collector = Collector()
+    t0 = time.monotonic()
+    code = pytest.main(
+        [str(ROOT / "conformance" / "tests"), "-p", "no:cacheprovider", "-q", *rest],
+        plugins=[collector],
+    )
+    seconds = time.monotonic() - t0
+    cases = list(collector.cases.values())
+    impl = impl_name()
+    out = Path(args.out)
+    out.with_suffix(".md").write_text(render(impl, cases, seconds))
+    out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "impl": impl,
+                "pytest_exit_code": int(code),
+                "seconds": round(seconds, 1),
+                "cases": [asdict(c) for c in cases],
+            },
+            indent=2,
+        )
+    )
+    print(f"conformance report: {out.with_suffix('.md')} and {out.with_suffix('.json')}")
+    ran = int(code) in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)
+    return 0 if ran else int(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -644,7 +644,7 @@ def _global(case: dict[str, Any]) -> torch.Tensor:
 
 
 def hooks_random_world(
-    rank: int, world: int, dp: int, tp: int, cases: list[dict[str, Any]]
+    rank: int, world: int, dp: int, tp: int, cases: list[dict[str, Any]], replicate: int = 1
 ) -> dict[str, Any]:
     """Our hooks on many random parameters: chunk_dtensor (DTensor or flat ShardedTensor),
     all_gather_dtensor back, chunk_tensor + flatten + pre_load, each against torch.chunk of
@@ -662,8 +662,14 @@ def hooks_random_world(
     from shardspec.fsdp.flatten import layout_of
     from shardspec.metadata import Box
 
-    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
-    p = mesh.get_coordinate()[0]
+    if replicate > 1:  # HSDP: FSDP's device_mesh is ("rep", "dp"), sliced from a 3-d mesh
+        mesh = init_device_mesh("cpu", (replicate, dp, tp), mesh_dim_names=("rep", "dp", "tp"))
+        fsdp_mesh = mesh["rep", "dp"]
+    else:
+        mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+        fsdp_mesh = mesh["dp"]
+    mesh_shape = tuple(mesh.mesh.shape)
+    p = mesh.get_coordinate()[-2]
     ext = DTensorExtensions()
     dp_pg = mesh["dp"].get_group()
     bad: list[str] = []
@@ -672,18 +678,18 @@ def hooks_random_world(
         g = _global(case)
         tp_pl = TReplicate() if case["tp"] == "R" else TShard(int(case["tp"][1:]))
         ours_tp = from_torch(tp_pl)
-        truth_l = fsdp_tp_layout(tuple(g.shape), ours_tp, dp=dp, tp_size=tp)
+        truth_l = fsdp_tp_layout(tuple(g.shape), ours_tp, dp=dp, tp_size=tp, replicate=replicate)
         (box,) = truth_l.boxes_of(rank)
         want = g[box.slices()]
         where = f"case {i} {case} rank {rank}"
         try:
             dt = distribute_tensor(g, mesh["tp"], [tp_pl])
-            out = ext.chunk_dtensor(dt, p, mesh["dp"])
+            out = ext.chunk_dtensor(dt, p, fsdp_mesh)
             if isinstance(out, DTensor):
                 kinds["dtensor"] = kinds.get("dtensor", 0) + 1
                 local = out.to_local()
                 claimed = dtensor_layout(
-                    tuple(out.shape), (dp, tp), [from_torch(x) for x in out.placements]
+                    tuple(out.shape), mesh_shape, [from_torch(x) for x in out.placements]
                 )
                 mine = [b for b in claimed.boxes_of(rank) if not b.is_empty]
                 if mine != ([box] if not box.is_empty else []):

@@ -216,3 +216,15 @@ def test_hooks_on_random_parameters_3x2(three_by_two) -> None:  # type: ignore[n
     _assert_clean(three_by_two, "hooks_random")
     kinds = three_by_two[0]["facts"]["hooks_kinds"]
     assert kinds.get("sharded_tensor", 0) > 0, kinds  # the flat ShardedTensor path ran
+
+
+@pytest.mark.slow
+@pytest.mark.rule("FSDP-2", "FSDP-6", "FSDP-8")
+def test_hsdp_hooks_on_random_parameters_2x2x2() -> None:
+    """HSDP + TP on 8 ranks (replicate 2 x dp 2 x tp 2): FSDP's device_mesh is ("rep", "dp")
+    sliced from the 3-d mesh; every replica holds the same chunk (marked slow: 8 processes)."""
+    from fsdp_world_checks import hooks_random_world, random_cases
+
+    reports = _reports(run_world(hooks_random_world, 8, 2, 2, random_cases(2, 30), 2, timeout=400))
+    _assert_clean(reports, "hooks_random")
+    assert sum(reports[0]["facts"]["kinds"].values()) == 30

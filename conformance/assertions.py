@@ -41,8 +41,12 @@ def assert_equal(what: str, actual: Any, expected: Any, example: str) -> None:
 def assert_verdict(what: str, accepted: bool, valid: bool, example: str) -> None:
     """A validator's verdict against the oracle's: accept exactly the valid layouts."""
     if accepted != valid:
-        fail(what, "accepted" if accepted else "rejected", "accepted" if valid else "rejected",
-             example)
+        fail(
+            what,
+            "accepted" if accepted else "rejected",
+            "accepted" if valid else "rejected",
+            example,
+        )
 
 
 def _pairs(layout: Layout) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
@@ -68,7 +72,9 @@ def _short(boxes: Sequence[Box]) -> list[str]:
     return [f"{list(b.offsets)}+{list(b.sizes)}" for b in boxes]
 
 
-def assert_boxes_equal(what: str, actual: Sequence[Box], expected: Sequence[Box], example: str) -> None:
+def assert_boxes_equal(
+    what: str, actual: Sequence[Box], expected: Sequence[Box], example: str
+) -> None:
     """The same boxes in the same (local storage) order."""
     if list(actual) != list(expected):
         fail(what, _short(actual), _short(expected), example)
@@ -98,7 +104,5 @@ def assert_tensor_bitwise(
 
 def describe_layout(layout: Layout) -> str:
     """A short, readable form for failure messages: ``layout((5,), r0:[0]+[3] r1:[3]+[2])``."""
-    body = " ".join(
-        f"r{s.rank}:{list(s.box.offsets)}+{list(s.box.sizes)}" for s in layout.shards
-    )
+    body = " ".join(f"r{s.rank}:{list(s.box.offsets)}+{list(s.box.sizes)}" for s in layout.shards)
     return f"layout({layout.shape}, {body})"

@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from conformance.pool import RankPool  # noqa: E402
+from conformance.pool import RankPool
 
 
 def example(world: int, rng: random.Random) -> tuple[list[list[int]], list[torch.Tensor]]:
@@ -77,7 +77,9 @@ def main() -> None:
     args, _ = parser.parse_known_args()
     rng = random.Random(0)
     base = spawn_per_example(args.max_world, args.baseline, rng)
-    print(f"rank pool throughput (uneven all_to_all_single + reference check, {os.cpu_count()} cores)")
+    print(
+        f"rank pool throughput (uneven all_to_all_single + reference check, {os.cpu_count()} cores)"
+    )
     print(f"baseline: spawn per example at W={args.max_world}: {base:.2f} examples/s")
     print(f"{'W':>3} {'examples/s':>11} {'vs spawn':>9} {'pool start-up':>14}")
     for world in range(1, args.max_world + 1):

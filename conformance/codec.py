@@ -40,8 +40,7 @@ def _minimal_from_json(obj: Any) -> Layout:
 
 
 try:  # the project's versioned JSON form, once it exists
-    from shardspec.metadata.serialize import layout_from_dict as _from
-    from shardspec.metadata.serialize import layout_to_dict as _to
+    from shardspec.metadata.serialize import layout_from_dict as _from, layout_to_dict as _to
 except ImportError:  # pragma: no cover - depends on what has landed
     _to, _from = _minimal_to_json, _minimal_from_json
 

@@ -119,4 +119,3 @@ def pools() -> Iterator[Callable[[int], Any]]:
 
     yield get
     shutdown_pools()
-

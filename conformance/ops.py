@@ -73,9 +73,7 @@ class Operation:
 OPERATIONS: dict[str, Operation] = {}
 
 
-def operation(
-    name: str, *, collective: bool, check: Check | None = None
-) -> Callable[[Fn], Fn]:
+def operation(name: str, *, collective: bool, check: Check | None = None) -> Callable[[Fn], Fn]:
     def register(fn: Fn) -> Fn:
         if name in OPERATIONS:
             raise ValueError(f"operation {name!r} registered twice")
@@ -130,7 +128,9 @@ def _on_listed_rank(ctx: Context, args: dict[str, Any]) -> bool:
 
 # -- operations used by the suite's own tests and the benchmark ---------------------------
 @operation("pool.echo", collective=False)
-def _echo(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
+def _echo(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
     return {"rank": ctx.rank, "world": ctx.world, "args": args}, ts
 
 
@@ -140,7 +140,9 @@ def _fail_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> N
 
 
 @operation("pool.fail", collective=True, check=_fail_check)
-def _fail(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
+def _fail(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
     if args.get("phase") == "run" and _on_listed_rank(ctx, args):
         raise ValueError(args.get("message", "deliberate failure"))
     dist.barrier()
@@ -148,14 +150,18 @@ def _fail(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> tuple[A
 
 
 @operation("pool.exit", collective=False)
-def _exit(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
+def _exit(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
     if _on_listed_rank(ctx, args):
         os._exit(int(args.get("code", 7)))
     return None, []
 
 
 @operation("pool.hang", collective=False)
-def _hang(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
+def _hang(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
     if _on_listed_rank(ctx, args):
         while True:
             time.sleep(3600)
@@ -171,7 +177,9 @@ def _a2a_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> No
 
 
 @operation("pool.all_to_all", collective=True, check=_a2a_check)
-def _all_to_all(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
+def _all_to_all(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
     """``splits[i][j]`` elements go from rank i to rank j, as one flat byte buffer."""
     splits = args["splits"]
     (src,) = ts
@@ -179,7 +187,9 @@ def _all_to_all(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> t
     send = [n * item for n in splits[ctx.rank]]
     recv = [splits[j][ctx.rank] * item for j in range(ctx.world)]
     out = torch.empty(sum(recv), dtype=torch.uint8, device=src.device)
-    src_bytes = src.contiguous().view(torch.uint8) if src.numel() else src.new_empty(0, dtype=torch.uint8)
+    src_bytes = (
+        src.contiguous().view(torch.uint8) if src.numel() else src.new_empty(0, dtype=torch.uint8)
+    )
     dist.all_to_all_single(out, src_bytes, recv, send)
     return None, [out.view(src.dtype) if out.numel() else out.new_empty(0, dtype=src.dtype)]
 
@@ -220,7 +230,9 @@ def _dtensor_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -
 
 
 @operation("dtensor.distribute", collective=True, check=_dtensor_check)
-def _distribute(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
+def _distribute(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
     """Real ``distribute_tensor``: this rank's local tensor and mesh coordinate."""
     from torch.distributed.tensor import distribute_tensor
 
@@ -238,7 +250,9 @@ def _fsdp_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> N
 
 
 @operation("fsdp.local_box", collective=True, check=_fsdp_check)
-def _fsdp_local_box(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
+def _fsdp_local_box(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
     """``tensor/parallel/fsdp.py``'s ``_get_local_box`` of a DTensor sharded on a 1-D mesh,
     with the local tensor it describes."""
     from torch.distributed.tensor import Shard, distribute_tensor

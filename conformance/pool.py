@@ -93,7 +93,7 @@ class RankError(AssertionError):
     """One or more ranks raised while running an example; carries their tracebacks."""
 
 
-class RankCrash(BaseException):  # noqa: N818 - a crash, not an error Hypothesis should shrink
+class RankCrash(BaseException):
     """A rank died or hung; the pool was torn down and restarts on the next example."""
 
 
@@ -173,9 +173,7 @@ class RankPool:
         store_host = "127.0.0.1"
         self._store = dist.TCPStore(store_host, 0, None, True, wait_for_workers=False)
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(ROOT), *filter(None, [env.get("PYTHONPATH")])]
-        )
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
         env.update(
             SHARDSPEC_POOL_ADDR=f"127.0.0.1:{port}",
             SHARDSPEC_POOL_TOKEN=token,
@@ -301,7 +299,9 @@ class RankPool:
         self.close()
 
     # -- dispatch ------------------------------------------------------------------------
-    def _recv(self, w: _Worker, deadline: float, what: str) -> tuple[dict[str, Any], list[bytearray]]:
+    def _recv(
+        self, w: _Worker, deadline: float, what: str
+    ) -> tuple[dict[str, Any], list[bytearray]]:
         assert w.sock is not None
         sel = selectors.DefaultSelector()
         sel.register(w.sock, selectors.EVENT_READ)
@@ -344,8 +344,7 @@ class RankPool:
         timeout = self.timeout if timeout is None else timeout
         if per_rank_tensors is not None and len(per_rank_tensors) != self.world_size:
             raise ValueError(
-                f"per_rank_tensors has {len(per_rank_tensors)} entries for "
-                f"{self.world_size} ranks"
+                f"per_rank_tensors has {len(per_rank_tensors)} entries for {self.world_size} ranks"
             )
         frames = []
         for w in self.workers:
@@ -401,7 +400,12 @@ class RankPool:
                 for key, _ in events:
                     w = key.data
                     try:
-                        header, bufs = self._recv(w, deadline, "example")
+                        # readable already: read the frame, bounded by the example's deadline
+                        w.sock.settimeout(max(deadline - time.monotonic(), 0.05))
+                        header, bufs = recv_frame(w.sock)
+                        w.sock.settimeout(None)
+                    except TimeoutError:
+                        raise
                     except (EOFError, OSError):
                         code = w.proc.poll()
                         if code is None:
@@ -436,16 +440,11 @@ class RankPool:
             if failed_in_collective:
                 message += "\n(the pool was restarted: a rank left a collective half-done)"
             raise RankError(message)
-        return [
-            RankResult(r, replies[r].get("value"), outs[r]) for r in range(self.world_size)
-        ]
+        return [RankResult(r, replies[r].get("value"), outs[r]) for r in range(self.world_size)]
 
     def _error_message(self, op: str, desc: str, errors: dict[int, dict[str, Any]]) -> str:
         raised = {r: h for r, h in errors.items() if not h.get("aborted")}
-        lines = [
-            f"{len(raised)} of {self.world_size} rank(s) raised in {op!r} "
-            f"[{desc}]"
-        ]
+        lines = [f"{len(raised)} of {self.world_size} rank(s) raised in {op!r} [{desc}]"]
         for r, h in sorted(raised.items()):
             lines.append(f"--- rank {r} ({h.get('phase')}) ---\n{h.get('error', '').rstrip()}")
         aborted = sorted(set(errors) - set(raised))

@@ -85,7 +85,9 @@ class Collector:
         self.cases: dict[str, Case] = {}
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Iterator[Any]:
         rep = yield
         rules = [r for m in item.iter_markers("rule") for r in m.args]
         known = next(iter(item.iter_markers("known_defect")), None)

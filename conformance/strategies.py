@@ -205,7 +205,7 @@ def dtensor_pool_cases(
     return shp, mesh, placements
 
 
-__all__ = [  # noqa: PLE0604
+__all__ = [
     "DTYPE_NAMES",
     "chunk_args",
     "chunk_layouts",

@@ -49,9 +49,7 @@ def main() -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    store = dist.TCPStore(
-        store_host, int(store_port), None, False, timeout=timedelta(seconds=120)
-    )
+    store = dist.TCPStore(store_host, int(store_port), None, False, timeout=timedelta(seconds=120))
     if backend == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())
     # A generous collective timeout is only a backstop: the driver's per-example timeout

@@ -20,7 +20,7 @@ from shardspec.metadata import Box, Layout
 __all__ = ["IMPLS", "Impl", "Unsupported", "get_impl", "impl_name"]
 
 
-class Unsupported(Exception):  # noqa: N818 - an outcome, not an error
+class Unsupported(Exception):
     """The implementation under test cannot express or perform this case."""
 
 
@@ -46,9 +46,7 @@ class Impl:
         """The layout of chunking ``dim`` over ``ranks`` (chunk i on ranks[i])."""
         raise self.unsupported("chunk layouts")
 
-    def reshard_chunk_layout(
-        self, shape: Sequence[int], dim: int, ranks: Sequence[int]
-    ) -> Layout:
+    def reshard_chunk_layout(self, shape: Sequence[int], dim: int, ranks: Sequence[int]) -> Layout:
         """The chunk layout as the implementation's resharding path computes it."""
         raise self.unsupported("reshard chunk layouts")
 

@@ -23,9 +23,7 @@ class ShardspecImpl(Impl):
     def chunk_layout(self, shape: Sequence[int], dim: int, ranks: Sequence[int]) -> Layout:
         return chunk_layout(shape, dim, ranks)
 
-    def reshard_chunk_layout(
-        self, shape: Sequence[int], dim: int, ranks: Sequence[int]
-    ) -> Layout:
+    def reshard_chunk_layout(self, shape: Sequence[int], dim: int, ranks: Sequence[int]) -> Layout:
         return chunk_layout(shape, dim, ranks)  # one rule for every path (CHUNK-1, CHUNK-2)
 
     def dtensor_local_boxes(

@@ -75,9 +75,7 @@ class TorchImpl(Impl):
         md = spec.build_metadata(torch.Size(shape), TensorProperties())
         return _layout(shape, md.shards_metadata)
 
-    def reshard_chunk_layout(
-        self, shape: Sequence[int], dim: int, ranks: Sequence[int]
-    ) -> Layout:
+    def reshard_chunk_layout(self, shape: Sequence[int], dim: int, ranks: Sequence[int]) -> Layout:
         import torch
         from torch.distributed._shard.sharded_tensor.reshard import build_reshard_metadata
         from torch.distributed._shard.sharding_spec import ChunkShardingSpec

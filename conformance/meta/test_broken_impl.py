@@ -29,7 +29,7 @@ def test_broken_chunk_offsets_are_caught_and_shrunk() -> None:
 
     with pytest.raises(AssertionError, match=r"boxes_of\(\d+\)=.*but should be"):
         prop()
-    shape, dim, ranks = failing[-1]  # Hypothesis replays the shrunk example last
+    shape, _dim, ranks = failing[-1]  # Hypothesis replays the shrunk example last
     assert len(shape) == 1, failing[-1]
     assert shape[0] <= 3 and len(ranks) <= 3, failing[-1]
     assert shape[0] % len(ranks) != 0

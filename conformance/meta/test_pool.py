@@ -9,8 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from conformance.pool import RankCrash, RankError, RankPool
 from conformance.protocol import ProtocolError, decode_tensor, encode_tensor, tensor_bytes
@@ -48,7 +47,10 @@ def test_tensors_round_trip_bit_for_bit(pool: RankPool, t: torch.Tensor) -> None
 @pytest.mark.rule("CONF-1")
 def test_all_to_all_moves_uneven_splits(pool: RankPool) -> None:
     splits = [[1, 3], [0, 2]]
-    ins = [torch.arange(4, dtype=torch.float64), torch.tensor([-0.0, float("nan")], dtype=torch.float64)]
+    ins = [
+        torch.arange(4, dtype=torch.float64),
+        torch.tensor([-0.0, float("nan")], dtype=torch.float64),
+    ]
     out = pool.run("pool.all_to_all", {"splits": splits}, per_rank_tensors=[[ins[0]], [ins[1]]])
     assert out[0].tensors[0].tolist() == [0.0]
     got = out[1].tensors[0]
@@ -71,8 +73,11 @@ def test_a_raising_rank_fails_the_example_with_its_traceback(pool: RankPool) -> 
     pool.start()
     gen = pool.generation
     with pytest.raises(RankError) as info:
-        pool.run("pool.fail", {"ranks": [1], "phase": "check", "message": "bad input 42"},
-                 example="case-7")
+        pool.run(
+            "pool.fail",
+            {"ranks": [1], "phase": "check", "message": "bad input 42"},
+            example="case-7",
+        )
     text = str(info.value)
     assert "rank 1 (check)" in text and "bad input 42" in text and "case-7" in text
     assert "Traceback" in text

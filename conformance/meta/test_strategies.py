@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import find, settings
-from hypothesis import strategies as st
+from hypothesis import find, settings, strategies as st
 from hypothesis.errors import NoSuchExample
 
 from conformance import reference
@@ -116,7 +115,9 @@ def test_helpers_share_one_message_shape() -> None:
     with pytest.raises(AssertionError, match=r"^v=\'rejected\', but should be \'accepted\' \[e\]$"):
         assert_verdict("v", False, True, "e")
     with pytest.raises(AssertionError, match=r"^got\.boxes_of\(0\)=.*, but should be .* \[e\]$"):
-        assert_layouts_equal("got", chunk_layout((5,), 0, [0, 1]), chunk_layout((5,), 0, [1, 0]), "e")
+        assert_layouts_equal(
+            "got", chunk_layout((5,), 0, [0, 1]), chunk_layout((5,), 0, [1, 0]), "e"
+        )
 
 
 def test_bitwise_helper_sees_nan_payloads_and_negative_zero() -> None:

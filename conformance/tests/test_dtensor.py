@@ -8,8 +8,7 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from conformance import reference
 from conformance.assertions import assert_equal, assert_tensor_bitwise
@@ -26,7 +25,7 @@ def _describe(shape: Any, mesh: Any, placements: Any) -> str:
     )
 
 
-@pytest.mark.rule("CHUNK-1", "CHUNK-2")
+@pytest.mark.rule("DTENSOR-1", "DTENSOR-2", "DTENSOR-3", "DTENSOR-4", "DTENSOR-5", "DTENSOR-7")
 @given(dtensor_pool_cases(max_world=16))
 def test_local_boxes_match_the_oracle(impl: Impl, dcase: Any) -> None:
     shape, mesh, placements = dcase
@@ -39,7 +38,7 @@ def test_local_boxes_match_the_oracle(impl: Impl, dcase: Any) -> None:
             assert_equal(f"indices_at{coord}", got, want, ex)
 
 
-@pytest.mark.rule("CONF-1")
+@pytest.mark.rule("CONF-1", "DTENSOR-5", "DTENSOR-7")
 @pytest.mark.pool
 # Dims are normalised here: distribute_tensor asserts on a _StridedShard with a negative dim
 # (it normalises Shard dims only), which is torch's input handling, not placement.
@@ -59,6 +58,8 @@ def test_distribute_tensor_holds_the_boxes(
             "dtensor.distribute", {"mesh": list(mesh), "placements": placements}, [t], example=ex
         )
         for r in results:
-            assert_equal(f"rank{r.rank}.coordinate", tuple(r.value["coordinate"]), coords[r.rank], ex)
+            assert_equal(
+                f"rank{r.rank}.coordinate", tuple(r.value["coordinate"]), coords[r.rank], ex
+            )
             want = reference.gather(t, reference.indices_of_boxes(boxes[r.rank], len(shape)))
             assert_tensor_bitwise(f"rank{r.rank}.local", r.tensors[0], want, ex)

@@ -361,3 +361,70 @@ def test_placement_arguments_refused_clearly() -> None:
         dtensor_local_box((4,), torch.arange(4), [Shard(0), Shard(0)], (0,))
     assert dtensor_local_box((4, 6), (2,), [Shard(-1)], (1,)) == Box((0, 3), (4, 3))
     assert isinstance(dtensor_layout((4,), [0, 1], (Shard(0),)), Layout)
+
+
+@pytest.mark.rule("DTENSOR-1", "DTENSOR-5")
+def test_coordinate_as_a_function_and_mesh_as_torch_size() -> None:
+    # upstream: newer LocalTest versions call _compute_local_shape_and_global_offset(shape,
+    # mesh_shape, lambda idx: my_coordinate[idx], placements); init_device_mesh(device,
+    # mesh_shape) numbers a torch.Size mesh's ranks 0..n-1 row-major.
+    placements = [ss(0, 2), Shard(0)]
+    for c in coords((4, 2)):
+        want = dtensor_local_box((18, 2), (4, 2), placements, c)
+        assert dtensor_local_box((18, 2), (4, 2), placements, lambda i, c=c: c[i]) == want
+    by_size = dtensor_layout((18, 2), torch.Size([4, 2]), placements)
+    assert by_size == dtensor_layout((18, 2), torch.arange(8).view(4, 2), placements)
+    with pytest.raises(ConversionError, match="no ranks"):
+        dtensor_layout((4,), torch.Size([0]), [Shard(0)])
+
+
+@pytest.mark.rule("DTENSOR-2", "DTENSOR-4", "LAYOUT-2", "LAYOUT-3")
+@pytest.mark.parametrize(
+    "placements",
+    [
+        [Shard(0), Shard(0), ss(0, 3)],
+        [Replicate(), Shard(0), Shard(0)],
+        [Shard(0), Shard(0), Shard(0)],
+        [Replicate(), Shard(0), ss(0, 3)],
+        [Shard(1), ss(0, 3), Shard(2)],
+    ],
+    ids=str,
+)
+def test_strided_shard_redistribution_layouts(placements: list[Any]) -> None:
+    # upstream: test_redistribute.py test_strided_shard_redistribution: a (31, 13, 11) tensor
+    # on a 2 x 2 x 2 mesh; every placement it redistributes between is a valid layout whose
+    # local tensors are the brute-force split.
+    shape, mesh = (31, 13, 11), (2, 2, 2)
+    layout = dtensor_layout(shape, torch.arange(8).view(mesh), placements)
+    assert layout.is_valid()
+    check_against_oracle(shape, mesh, placements)
+
+
+def _ordered_local(
+    shape: Sequence[int], mesh: Sequence[int], order: Sequence[int], c: Sequence[int]
+) -> torch.Tensor:
+    """Shard dim 0 by the mesh dims in ``order`` (torch.chunk each time): a shard order."""
+    t = arange(shape)
+    for m in order:
+        t = torch.chunk(t, mesh[m], 0)[c[m]]
+    return t
+
+
+@pytest.mark.rule("DTENSOR-4")
+@pytest.mark.parametrize(
+    ("mesh", "placements", "order"),
+    [
+        ((2, 4), [ss(0, 4), Shard(0)], (1, 0)),
+        ((2, 3, 4), [Shard(0), ss(0, 4), Shard(0)], (0, 2, 1)),
+        ((2, 3, 4), [ss(0, 12), ss(0, 4), Shard(0)], (2, 1, 0)),
+    ],
+)
+def test_strided_shard_is_a_shard_order(
+    mesh: tuple[int, ...], placements: list[Any], order: tuple[int, ...]
+) -> None:
+    # upstream: test_utils.py LocalTest.test_explicit_order_placements: on even splits these
+    # _StridedShard placements are plain Shard(0) applied in another mesh-dim order.
+    shape = (48, 3)
+    for c in coords(mesh):
+        (box,) = dtensor_local_boxes(shape, mesh, placements, c)
+        assert torch.equal(arange(shape)[box.slices()], _ordered_local(shape, mesh, order, c))

@@ -8,9 +8,11 @@ loaded lazily by ``shardspec.metadata`` (``from shardspec.metadata import dtenso
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from torch.distributed.tensor.placement_types import (
     Partial,
     Placement,
@@ -37,7 +39,14 @@ __all__ = [
 
 def mesh_ranks(mesh: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """``(mesh shape, ranks in row-major order)`` of a DeviceMesh, an int tensor or array of
-    ranks, or a nested list of ranks, as in ``DeviceMesh.mesh``."""
+    ranks, or a nested list of ranks, as in ``DeviceMesh.mesh``. A ``torch.Size`` is a mesh
+    shape, never a list of ranks: its ranks are ``0..n-1`` in row-major order, as
+    ``init_device_mesh(device, mesh_shape)`` numbers them."""
+    if isinstance(mesh, torch.Size):
+        dims = as_index_tuple(mesh, "mesh shape")
+        if 0 in dims or not dims:
+            raise ConversionError(f"mesh shape {dims} has no ranks")
+        return dims, tuple(range(math.prod(dims)))
     raw = mesh.mesh if hasattr(mesh, "mesh") and not isinstance(mesh, (list, tuple)) else mesh
     if hasattr(raw, "tolist"):
         raw = raw.tolist()
@@ -129,19 +138,27 @@ def dtensor_local_boxes(
     shape: Sequence[int],
     mesh_shape: Sequence[int],
     placements: Sequence[Placement],
-    coordinate: Sequence[int],
+    coordinate: Sequence[int] | Callable[[int], int],
 ) -> tuple[Box, ...]:
     """The boxes of the local tensor at mesh ``coordinate``, in local storage order.
 
     ``mesh_shape`` is the mesh's shape, or the mesh itself (``DeviceMesh``, tensor of ranks,
-    nested list); ``coordinate`` is one index per mesh dim (``DeviceMesh.get_coordinate()``).
+    nested list); ``coordinate`` is one index per mesh dim (``DeviceMesh.get_coordinate()``),
+    or a function from mesh dim to index.
     """
     shp = as_index_tuple(shape, "shape")
+    mshape = _mesh_shape(mesh_shape)
+    coord = _coordinate(coordinate, len(mshape))
+    return local_boxes(shp, mshape, _splits(placements, len(shp)), coord)
+
+
+def _coordinate(coordinate: Sequence[int] | Callable[[int], int], ndim: int) -> tuple[int, ...]:
+    if callable(coordinate):  # torch's private form: a function from mesh dim to coordinate
+        coordinate = [coordinate(m) for m in range(ndim)]
     try:
-        coord = as_index_tuple(coordinate, "mesh coordinate")
+        return as_index_tuple(coordinate, "mesh coordinate")
     except LayoutError as e:
         raise ConversionError(str(e)) from None
-    return local_boxes(shp, _mesh_shape(mesh_shape), _splits(placements, len(shp)), coord)
 
 
 def _mesh_shape(mesh: Any) -> tuple[int, ...]:
@@ -165,7 +182,7 @@ def dtensor_local_box(
     shape: Sequence[int],
     mesh_shape: Sequence[int],
     placements: Sequence[Placement],
-    coordinate: Sequence[int],
+    coordinate: Sequence[int] | Callable[[int], int],
 ) -> Box:
     """The one box the local tensor at ``coordinate`` holds (its local shape and global offset).
 
@@ -174,11 +191,11 @@ def dtensor_local_box(
     """
     boxes = dtensor_local_boxes(shape, mesh_shape, placements, coordinate)
     if len(boxes) != 1:
+        mshape = _mesh_shape(mesh_shape)
         raise ConversionError(
-            f"the local tensor at coordinate {tuple(coordinate)} of mesh "
-            f"{_mesh_shape(mesh_shape)} with placements {tuple(placements)} is not one block "
-            f"of shape {tuple(shape)}: "
-            f"it holds {len(boxes)} boxes {list(boxes)}; use dtensor_local_boxes"
+            f"the local tensor at coordinate {_coordinate(coordinate, len(mshape))} of mesh "
+            f"{mshape} with placements {tuple(placements)} is not one block of shape "
+            f"{tuple(shape)}: it holds {len(boxes)} boxes {list(boxes)}; use dtensor_local_boxes"
         )
     return boxes[0]
 

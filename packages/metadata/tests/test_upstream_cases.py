@@ -607,3 +607,34 @@ def test_upstream_argument_types_are_accepted() -> None:
 def test_upstream_argument_types_are_refused_clearly(call, match: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(LayoutError, match=match):
         call()
+
+
+@pytest.mark.rule("SPEC-1", "CONVERT-4", "SPEC-3")
+def test_chunked_sharding_spec_valid_specs() -> None:
+    # upstream: TestShardingSpec.test_chunked_sharding_spec: valid specs include a negative
+    # dim (-1) and the same rank twice ("rank:0/cuda:0", "rank:0/cuda:1"). The torch spec
+    # reads as a layout with two boxes on rank 0 (an enumerable spec), while ChunkSpec, one
+    # box per rank, refuses the repeated rank.
+    neg = from_sharding_spec(ChunkShardingSpec(-1, ["rank:0/cpu", "rank:1/cpu"]), (3, 5))
+    assert neg == chunk_layout((3, 5), 1, [0, 1]) == ChunkSpec(-1, [0, 1]).layout((3, 5))
+    twice = from_sharding_spec(ChunkShardingSpec(0, ["rank:0/cpu", "rank:0/cpu"]), (5, 2))
+    assert twice.boxes_of(0) == (Box((0, 0), (3, 2)), Box((3, 0), (2, 2)))
+    assert isinstance(infer_spec(twice), EnumerableSpec)
+    with pytest.raises(LayoutError, match="name a rank twice"):
+        ChunkSpec(0, [0, 0])
+    with pytest.raises(ConversionError, match="without a rank"):
+        from_sharding_spec(ChunkShardingSpec(0, ["cpu", "cpu"]), (4,))
+
+
+@pytest.mark.rule("CHUNK-1", "CHUNK-2", "DTENSOR-1")
+def test_chunk_bounds_match_dtensor_shard_size_and_offset() -> None:
+    # torch's Shard.local_shard_size_and_offset (what compute_local_shape_and_global_offset
+    # calls per mesh dim), for every size up to 20 over 1..8 chunks: the same sizes, and the
+    # same offsets, empty chunks included (at n).
+    from torch.distributed.tensor.placement_types import Shard as DShard
+
+    for n in range(21):
+        for k in range(1, 9):
+            for i, (start, stop) in enumerate(chunk_bounds(n, k)):
+                size, offset = DShard.local_shard_size_and_offset(n, k, i)
+                assert (int(size), int(offset)) == (stop - start, start), (n, k, i)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from hypothesis import assume, given
-from hypothesis import strategies as st
+from hypothesis import assume, given, strategies as st
 from torchrec_oracle import (
     brute_block_width,
     chunk_owner_index,

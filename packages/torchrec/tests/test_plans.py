@@ -6,8 +6,7 @@ import warnings
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from shardspec.metadata import Box, ConversionError, Layout, Shard
 from shardspec.torchrec import (
@@ -18,6 +17,7 @@ from shardspec.torchrec import (
     layouts_from_plan,
     placement_rank,
     row_wise,
+    table_column_wise,
     table_row_wise,
     table_wise,
     to_parameter_sharding,
@@ -188,3 +188,19 @@ def test_layouts_from_plan_keys_by_module_and_table() -> None:
     assert got == {"sparse.ebc.a": row_wise((10, 8), 2), "sparse.ebc.b": table_wise((7, 8), 1)}
     with pytest.raises(ConversionError, match=r"no shape for table 'sparse\.ebc\.b'"):
         layouts_from_plan(plan, {"a": (10, 8)})
+
+
+@pytest.mark.rule("TORCHREC-15")
+@pytest.mark.xfail(
+    strict=True,
+    reason="upstream: torchrec create_global_tensor_shape_stride_from_metadata has no "
+    "table_column_wise branch (shape None), so output_dtensor crashes on a rank that holds no "
+    "block of such a table",
+)
+def test_upstream_dtensor_shape_of_table_column_wise() -> None:
+    from torchrec.distributed.utils import create_global_tensor_shape_stride_from_metadata
+
+    layout = table_column_wise((5, 8), [2, 3], 2, block_size=4)
+    ps = to_parameter_sharding(layout, "table_column_wise")
+    shape, _ = create_global_tensor_shape_stride_from_metadata(ps, 2)
+    assert tuple(shape) == (5, 8)

@@ -9,8 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor._shards_wrapper import LocalShardsWrapper as UpstreamWrapper
 from torchrec_strategies import DTYPES, make_global, table_layouts
@@ -318,3 +317,27 @@ def test_upstream_supports_checkpoint_and_optimizer_ops(op: object) -> None:
 def test_upstream_detach_returns_a_new_alias() -> None:
     w = UpstreamWrapper([torch.ones(2, 4)], [(0, 0)])
     assert w.detach() is not w
+
+
+@pytest.mark.rule("TORCHREC-13")
+def test_dcp_round_trip_on_two_ranks(ranks2: object, tmp_path: object) -> None:
+    import torchrec_cases as cases
+
+    from shardspec.torchrec import (
+        column_wise,
+        data_parallel,
+        grid_shard,
+        table_row_wise,
+        table_wise,
+    )
+
+    layouts = [
+        (row_wise((7, 4), 2), column_wise((7, 4), [1, 0, 1, 0], sizes=[1, 1, 1, 1]), "float32"),
+        (column_wise((5, 16), [0, 1, 0, 1]), row_wise((5, 16), 2), "bfloat16"),
+        (table_wise((3, 4), 1), table_row_wise((3, 4), 0, 2), "int64"),
+        (data_parallel((4, 4), 2), grid_shard((4, 4), [0], 2, block_size=4), "bool"),
+        (row_wise((1, 3), 2), table_wise((1, 3), 0), "complex64"),
+        (row_wise((0, 3), 2), table_wise((0, 3), 1), "float16"),
+    ]
+    failures = ranks2.run(cases.wrapper_dcp_round_trip, layouts, 7, str(tmp_path))  # type: ignore[attr-defined]
+    assert not [f for rank in failures for f in rank], failures

@@ -6,6 +6,8 @@
 - :mod:`.plans`: TorchRec ``ParameterSharding`` / ``ShardingPlan`` <-> Layout.
 - :mod:`.wrapper`: a strict ``LocalShardsWrapper`` (shape, checks, DCP protocol, ops).
 - :mod:`.dtensor`: TorchRec's DTensor output <-> Layout (the truth is in the wrapper offsets).
+- :mod:`.model`: read a sharded model's tables as layouts + local shards; reshard a live model
+  to another plan in memory (:func:`reshard_model`); load with a layout check.
 
 Importing this package imports neither torch nor TorchRec; the torch-backed names load on
 first use.
@@ -44,6 +46,11 @@ _LAZY: dict[str, str] = {
     "layout_from_local_boxes": "dtensor",
     "to_dtensor": "dtensor",
     "torchrec_placements": "dtensor",
+    "TableState": "model",
+    "load_state": "model",
+    "read_state": "model",
+    "reshard_model": "model",
+    "reshard_states": "model",
 }
 
 

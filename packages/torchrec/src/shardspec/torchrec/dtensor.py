@@ -114,8 +114,7 @@ def claimed_layout(dtensor: Any) -> Layout:
 def torchrec_placements(sharding_type: Any) -> tuple[Any, ...]:
     """The placements TorchRec 1.8 writes on a 1-D mesh for ``sharding_type`` (not 2-D
     parallel): TW ``Replicate()``, RW ``Shard(0)``, CW/TWCW/TWRW/grid ``Shard(1)``."""
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor import Shard as DShard
+    from torch.distributed.tensor import Replicate, Shard as DShard
 
     name = getattr(sharding_type, "value", sharding_type)
     table: dict[str, Any] = {

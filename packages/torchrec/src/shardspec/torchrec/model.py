@@ -1,0 +1,214 @@
+"""Resharding a live TorchRec model between two sharding plans, in memory (TORCHREC-16..18).
+
+1. :func:`read_state` reads a model's state dict as ``{key: TableState(layout, shards)}``:
+   a ``ShardedTensor`` by its global metadata, a TorchRec DTensor by its wrappers' offsets
+   (gathered: the placements do not describe every type), a plain tensor as replicated on
+   every rank (data-parallel tables, dense parameters).
+2. :func:`reshard_model` reads the source and the destination model, plans every table with
+   :func:`shardspec.reshard.plan` and moves all of them together with
+   :func:`shardspec.reshard.reshard_state_dict` (one ``all_to_all_single`` per round for the
+   whole model), then copies the result into the destination model's own tensors.
+3. :func:`load_state` loads ``TableState``\\ s into a model, refusing (on every rank alike)
+   any table whose layout is not the model's.
+
+No file is written. Call every function on every rank of the group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from shardspec.metadata import Box, ConversionError, Layout, Shard
+from shardspec.reshard import ReshardError, reshard_state_dict
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+__all__ = ["TableState", "load_state", "read_state", "reshard_model", "reshard_states"]
+
+
+class TableState(NamedTuple):
+    """A tensor's layout and this rank's shards of it, in the layout's local order."""
+
+    layout: Layout
+    shards: list[torch.Tensor]
+
+
+def _group_rank(global_rank: int, group: dist.ProcessGroup | None) -> int:
+    import torch.distributed as dist
+
+    if group is None or group is dist.group.WORLD:
+        return global_rank
+    r = dist.get_group_rank(group, global_rank)
+    if r < 0:
+        raise ConversionError(f"rank {global_rank} holds a shard but is not in the group")
+    return r
+
+
+def _sharded_tensor_state(value: Any, group: dist.ProcessGroup | None, rank: int) -> TableState:
+    from .plans import placement_rank
+
+    md = value.metadata()
+    shards = [
+        Shard(
+            Box(list(m.shard_offsets), list(m.shard_sizes)),
+            _group_rank(placement_rank(m.placement), group),
+        )
+        for m in md.shards_metadata
+    ]
+    layout = Layout(tuple(md.size), shards)
+    local = {
+        (tuple(s.metadata.shard_offsets), tuple(s.metadata.shard_sizes)): s.tensor
+        for s in value.local_shards()
+    }
+    mine = []
+    for b in layout.boxes_of(rank):
+        t = local.get((b.offsets, b.sizes))
+        if t is None:
+            raise ConversionError(
+                f"the ShardedTensor's metadata puts {b} on rank {rank} but its local shards are "
+                f"{sorted(local)}"
+            )
+        mine.append(t)
+    return TableState(layout, mine)
+
+
+def read_state(
+    module_or_state: Any,
+    group: dist.ProcessGroup | None = None,
+    *,
+    keys: Iterable[str] | None = None,
+) -> dict[str, TableState]:
+    """``{key: TableState}`` for a model (or its ``state_dict()``), on every rank of ``group``.
+
+    Layout ranks are ranks within ``group``. Plain tensors are taken as replicated on every
+    rank of the group. ``keys`` restricts the result (default: every tensor). A collective
+    when the state holds DTensors.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.distributed._shard.sharded_tensor.api import ShardedTensor
+    from torch.distributed.tensor import DTensor
+
+    from .dtensor import as_wrapper, gather_layout
+
+    state = (
+        module_or_state.state_dict() if hasattr(module_or_state, "state_dict") else module_or_state
+    )
+    rank = dist.get_rank(group)
+    world = dist.get_world_size(group)
+    wanted = sorted(state) if keys is None else sorted(keys)
+    out: dict[str, TableState] = {}
+    for key in wanted:
+        if key not in state:
+            raise ConversionError(f"no tensor {key!r} in the state dict; it has {sorted(state)}")
+        value = state[key]
+        if isinstance(value, ShardedTensor):
+            out[key] = _sharded_tensor_state(value, group, rank)
+        elif isinstance(value, DTensor):
+            layout = gather_layout(value, group=group)
+            out[key] = TableState(layout, list(as_wrapper(value).local_shards()))
+        elif isinstance(value, torch.Tensor):
+            out[key] = TableState(Layout.replicated(tuple(value.shape), range(world)), [value])
+    return out
+
+
+def _check_same_tables(src: Mapping[str, TableState], dst: Mapping[str, TableState]) -> None:
+    if set(src) != set(dst):
+        raise ReshardError(
+            f"the models hold different tensors: only in the source {sorted(set(src) - set(dst))}, "
+            f"only in the destination {sorted(set(dst) - set(src))}"
+        )
+    for key in sorted(src):
+        if src[key].layout.shape != dst[key].layout.shape:
+            raise ReshardError(
+                f"{key}: the source has shape {src[key].layout.shape} but the destination "
+                f"{dst[key].layout.shape}"
+            )
+
+
+def reshard_states(
+    src: Mapping[str, TableState],
+    dst_layouts: Mapping[str, Layout],
+    group: dist.ProcessGroup | None = None,
+    *,
+    max_buffer_bytes: int | None = None,
+) -> dict[str, TableState]:
+    """This rank's shards of every tensor in its destination layout (no model needed)."""
+    moved = reshard_state_dict(
+        {k: s.shards for k, s in src.items()},
+        {k: s.layout for k, s in src.items()},
+        dict(dst_layouts),
+        group,
+        max_buffer_bytes=max_buffer_bytes,
+    )
+    return {k: TableState(dst_layouts[k], v) for k, v in moved.items()}
+
+
+def load_state(
+    module_or_state: Any,
+    states: Mapping[str, TableState],
+    group: dist.ProcessGroup | None = None,
+) -> None:
+    """Copy ``states`` into a model's own tensors; every layout must be the model's.
+
+    A table whose layout differs from the model's raises :class:`ReshardError` on every rank
+    (the layouts are global facts, so all ranks see the same mismatch) before anything is
+    copied.
+    """
+    target = read_state(module_or_state, group, keys=states.keys())
+    _copy_into(target, states)
+
+
+def _copy_into(target: Mapping[str, TableState], states: Mapping[str, TableState]) -> None:
+    import torch
+
+    for key in sorted(states):
+        have, given = target[key].layout, states[key].layout
+        if have != given:
+            raise ReshardError(
+                f"cannot load {key!r}: the model holds it as {have} but the shards given are "
+                f"laid out as {given}; reshard them to the model's layout first"
+            )
+    for key in sorted(states):
+        dst, src = target[key].shards, states[key].shards
+        if len(dst) != len(src):
+            raise ReshardError(f"{key}: {len(src)} shards given for {len(dst)} local boxes")
+        with torch.no_grad():
+            for i, (d, s) in enumerate(zip(dst, src)):
+                if d.shape != s.shape:
+                    raise ReshardError(
+                        f"{key}: local shard #{i} has shape {tuple(s.shape)}, the model's "
+                        f"{tuple(d.shape)}"
+                    )
+                d.copy_(s)
+
+
+def reshard_model(
+    src: Any,
+    dst: Any,
+    group: dist.ProcessGroup | None = None,
+    *,
+    keys: Iterable[str] | None = None,
+    max_buffer_bytes: int | None = None,
+) -> dict[str, tuple[Layout, Layout]]:
+    """Copy the source model's tensors into the destination model, sharded by another plan.
+
+    Both models hold the same tensors (keys and shapes; ``keys`` restricts to some) under any
+    two plans: other sharding types, rank order, number of ranks used. Returns
+    ``{key: (source layout, destination layout)}``.
+    """
+    key_list = None if keys is None else sorted(keys)
+    src_states = read_state(src, group, keys=key_list)
+    dst_states = read_state(dst, group, keys=key_list)
+    _check_same_tables(src_states, dst_states)
+    moved = reshard_states(
+        src_states,
+        {k: s.layout for k, s in dst_states.items()},
+        group,
+        max_buffer_bytes=max_buffer_bytes,
+    )
+    _copy_into(dst_states, moved)
+    return {k: (src_states[k].layout, dst_states[k].layout) for k in sorted(src_states)}

@@ -27,6 +27,9 @@ DTYPES = [
     torch.complex128,
     torch.int32,
     torch.int16,
+    torch.float8_e4m3fn,
+    torch.uint16,
+    torch.uint32,
 ]
 
 

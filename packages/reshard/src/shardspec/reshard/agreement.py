@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from shardspec.metadata import Layout
 
@@ -61,9 +61,15 @@ _DTYPE_NAMES = (
 )
 
 
-def _layout_json(layout: Layout) -> list[Any]:
-    # Shard order is part of the identity here: it is each rank's local storage order.
-    return [list(layout.shape), [[list(s.box.offsets), list(s.box.sizes), s.rank] for s in layout]]
+def _layout_digest(layouts: Sequence[Layout]) -> bytes:
+    # Shard order is part of the identity here: it is each rank's local storage order. The
+    # repr of nested int tuples is canonical, and much cheaper than JSON for 10^3 tensors.
+    h = hashlib.blake2b(digest_size=_DIGEST)
+    for layout in layouts:
+        h.update(repr(layout.shape).encode())
+        h.update(repr([(s.box.offsets, s.box.sizes, s.rank) for s in layout.shards]).encode())
+        h.update(b";")
+    return h.digest()
 
 
 def _digest(obj: object) -> bytes:
@@ -81,8 +87,8 @@ def digests(
     return b"".join(
         [
             _digest([[k, list(src[k].shape)] for k in keys]),
-            _digest([_layout_json(src[k]) for k in keys]),
-            _digest([_layout_json(dst[k]) for k in keys]),
+            _layout_digest([src[k] for k in keys]),
+            _layout_digest([dst[k] for k in keys]),
             _digest(max_buffer_bytes),
         ]
     )

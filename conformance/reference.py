@@ -114,3 +114,24 @@ def gather(global_tensor: torch.Tensor, indices: Sequence[Sequence[int]]) -> tor
 
 def volume(indices: Sequence[Sequence[int]]) -> int:
     return math.prod(len(ix) for ix in indices)
+
+
+def dtensor_empty_offsets(
+    shape: Sequence[int], mesh_shape: Sequence[int], placements: Sequence[Any], coord: Sequence[int]
+) -> list[int | None]:
+    """Per dim, where an empty piece sits (DTENSOR-6: one past the last index of the piece it
+    was cut from; an empty piece of an empty piece keeps its offset), or None where the piece
+    is not empty. ``Shard`` and ``Replicate`` only."""
+    idx: list[list[int]] = [list(range(n)) for n in shape]
+    empty_at: list[int | None] = [None if n else 0 for n in shape]
+    for m, p in enumerate(placements):
+        if p[0] == "R":
+            continue
+        if p[0] != "S":
+            raise ValueError("dtensor_empty_offsets covers Shard and Replicate only")
+        d = p[1]
+        parent = idx[d]
+        idx[d] = _chunk_list(parent, mesh_shape[m])[coord[m]]
+        if not idx[d] and parent:
+            empty_at[d] = parent[-1] + 1
+    return [empty_at[d] if not idx[d] else None for d in range(len(shape))]

@@ -215,6 +215,7 @@ __all__ = [
     "guillotine_layouts",
     "layouts_with_buried_empty_shard",
     "mesh_shapes",
+    "nested_empty_cases",
     "permuted",
     "perturbed_layouts",
     "placement_lists",
@@ -224,3 +225,17 @@ __all__ = [
     "valid_layouts",
     "with_replicas",
 ]
+
+
+@st.composite
+def nested_empty_cases(
+    draw: st.DrawFn,
+) -> tuple[tuple[int, ...], tuple[int, ...], list[Any]]:
+    """``[Shard(0), Shard(0)]`` on an ``a x b`` mesh where the second level has more ranks
+    than the first piece has rows, so a nested empty piece sits before the end of the dim."""
+    a = draw(st.integers(2, 3))
+    n = draw(st.integers(2, 7))
+    first = -(-n // a)
+    b = draw(st.integers(first + 1, max(first + 1, 16 // a)))
+    extra = draw(shapes(max_dims=1, min_side=1, max_side=3))
+    return (n, *extra), (a, b), [["S", 0], ["S", 0]]

@@ -15,7 +15,7 @@ from conformance.assertions import assert_equal, assert_tensor_bitwise
 from conformance.cases import case
 from conformance.codec import placement_repr
 from conformance.impls import Impl
-from conformance.strategies import dtensor_pool_cases, dtypes, tensors
+from conformance.strategies import dtensor_pool_cases, dtypes, nested_empty_cases, tensors
 
 
 def _describe(shape: Any, mesh: Any, placements: Any) -> str:
@@ -63,3 +63,39 @@ def test_distribute_tensor_holds_the_boxes(
             )
             want = reference.gather(t, reference.indices_of_boxes(boxes[r.rank], len(shape)))
             assert_tensor_bitwise(f"rank{r.rank}.local", r.tensors[0], want, ex)
+
+
+def check_empty_offsets(impl: Impl, shape: Any, mesh: Any, placements: Any) -> None:
+    ex = _describe(shape, mesh, placements)
+    for coord in reference.mesh_coordinates(mesh):
+        boxes = impl.dtensor_local_boxes(shape, mesh, placements, coord)
+        want = reference.dtensor_empty_offsets(shape, mesh, placements, coord)
+        for d, at in enumerate(want):
+            if at is not None:
+                assert_equal(f"boxes_at{coord}[0].offsets[{d}]", boxes[0].offsets[d], at, ex)
+
+
+def _single_level(dcase: Any) -> bool:
+    shards = [p[1] % max(len(dcase[0]), 1) for p in dcase[2] if p[0] == "S"]
+    return len(shards) == len(set(shards))
+
+
+# One level of sharding per tensor dim here; nested empty pieces have their own test below.
+@pytest.mark.rule("DTENSOR-6", "CHUNK-2")
+@given(dtensor_pool_cases(max_world=16, strided=False).filter(_single_level))
+def test_empty_chunks_sit_at_n(impl: Impl, dcase: Any) -> None:
+    with case():
+        check_empty_offsets(impl, *dcase)
+
+
+@pytest.mark.rule("DTENSOR-6")
+@pytest.mark.known_defect(
+    "torch",
+    "compute_local_shape_and_global_offset puts every empty shard at the global dim size, "
+    "nested ones too (5 rows on a 2x4 mesh with [Shard(0), Shard(0)]: coordinate (0, 3) is "
+    "reported at offset 5, not at its parent's end 3)",
+)
+@given(nested_empty_cases())
+def test_nested_empty_pieces_sit_at_the_end_of_their_parent(impl: Impl, dcase: Any) -> None:
+    with case():
+        check_empty_offsets(impl, *dcase)

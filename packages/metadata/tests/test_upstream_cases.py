@@ -26,6 +26,7 @@ from torch.distributed._shard.sharding_spec._internals import check_tensor
 from torch.distributed._shard.sharding_spec.chunk_sharding_spec import ChunkShardingSpec
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+from torch.distributed.tensor.placement_types import Replicate, Shard as DShard
 
 from shardspec.metadata import (
     Box,
@@ -390,7 +391,6 @@ def test_custom_grid_sharding_spec() -> None:
     # upstream: test_custom_sharding_spec, a grid spec with grid_size 4 on an 8 x 8 tensor:
     # 4 x 4 blocks, placement row * 2 + col. Valid (check_tensor accepts it there), not a
     # chunking of one dim, and the layout DTensor gives with [Shard(0), Shard(1)] on a 2 x 2 mesh.
-    from torch.distributed.tensor.placement_types import Shard as DShard
 
     grid = 4
     shards = [
@@ -422,7 +422,6 @@ def test_custom_grid_sharding_spec() -> None:
 def test_get_box_for_uneven_shards(n: int, offsets: list[int], sizes: list[int]) -> None:
     # upstream: test_get_box_for_shard_offsets; expected values agree (the empty shards of
     # 1 over 3 sit at offset n = 1, CHUNK-2)
-    from torch.distributed.tensor.placement_types import Shard as DShard
 
     want = [Box((o,), (s,)) for o, s in zip(offsets, sizes)]
     assert [b for r in range(3) for b in chunk_layout((n,), 0, [0, 1, 2]).boxes_of(r)] == want
@@ -437,7 +436,6 @@ def test_get_box_for_uneven_shards(n: int, offsets: list[int], sizes: list[int])
 @pytest.mark.rule("DTENSOR-1", "DTENSOR-3")
 def test_get_box_for_replicate_and_dim1() -> None:
     # upstream: test_get_box_for_replicated_placement, test_get_box_for_multidim_non_zero_shard_dim
-    from torch.distributed.tensor.placement_types import Replicate, Shard as DShard
 
     rep = dtensor_layout((5,), [0, 1, 2], [Replicate()])
     assert [rep.boxes_of(r) for r in range(3)] == [(Box((0,), (5,)),)] * 3
@@ -631,10 +629,50 @@ def test_chunk_bounds_match_dtensor_shard_size_and_offset() -> None:
     # torch's Shard.local_shard_size_and_offset (what compute_local_shape_and_global_offset
     # calls per mesh dim), for every size up to 20 over 1..8 chunks: the same sizes, and the
     # same offsets, empty chunks included (at n).
-    from torch.distributed.tensor.placement_types import Shard as DShard
 
     for n in range(21):
         for k in range(1, 9):
             for i, (start, stop) in enumerate(chunk_bounds(n, k)):
                 size, offset = DShard.local_shard_size_and_offset(n, k, i)
                 assert (int(size), int(offset)) == (stop - start, start), (n, k, i)
+
+
+# ---------------------------------------------------------------------------------------------
+# test_sharded_tensor.py: init_from_local_shards with a 2 x 2 grid of 5 x 5 shards of 10 x 10
+
+
+def _grid_md(rank0_size: int) -> list[ShardMetadata]:
+    return [
+        ShardMetadata([r // 2 * 5, r % 2 * 5], [5, 5] if r else [rank0_size] * 2, f"rank:{r}/cpu")
+        for r in range(4)
+    ]
+
+
+@pytest.mark.rule("CONVERT-1", "LAYOUT-2", "LAYOUT-3")
+def test_init_from_local_shards_grid_cases() -> None:
+    # upstream: test_init_from_local_shards (valid), ..._invalid_shards_overlap (rank 0 holds
+    # 6 x 6: "overlap") and ..._invalid_shards_gaps (rank 0 holds 4 x 4: "does not match
+    # tensor volume"; here the uncovered element is named).
+    grid = from_shard_metadata(_grid_md(5), torch.Size([10, 10]))
+    assert grid == dtensor_layout((10, 10), [[0, 1], [2, 3]], [DShard(0), DShard(1)])
+    with pytest.raises(LayoutError, match="overlap") as over:
+        from_shard_metadata(_grid_md(6), torch.Size([10, 10]))
+    assert over.value.kind == "overlap" and 0 in over.value.shards
+    with pytest.raises(LayoutError, match="do not cover") as gap:
+        from_shard_metadata(_grid_md(4), torch.Size([10, 10]))
+    assert gap.value.point is not None
+    assert gap.value.point[0] < 5 and gap.value.point[1] < 5
+    assert 4 in gap.value.point
+
+
+@pytest.mark.rule("BOX-2", "LAYOUT-3", "SPEC-4", "CONVERT-6")
+def test_init_from_local_shards_with_all_zeros() -> None:
+    # upstream: test_init_from_local_shards_and_global_metadata_with_all_zeros: a (0, 0)
+    # tensor, every rank holding the empty box at (0, 0). Valid; it is the chunk layout of
+    # dim 0 over ranks 0..3 (the smallest dim, ranks ascending), and DCP stores one chunk.
+    md = [ShardMetadata([0, 0], [0, 0], f"rank:{r}/cpu") for r in range(4)]
+    layout = from_shard_metadata(md, torch.Size([0, 0]))
+    assert infer_spec(layout) == ChunkSpec(0, (0, 1, 2, 3))
+    storage = to_tensor_storage_metadata(layout)
+    assert [(tuple(c.offsets), tuple(c.sizes)) for c in storage.chunks] == [((0, 0), (0, 0))]
+    assert from_tensor_storage_metadata(storage, ranks=[(0, 1, 2, 3)]) == layout

@@ -239,7 +239,13 @@ def _distribute(
     from conformance.codec import placements_from_json
 
     mesh = ctx.mesh(tuple(args["mesh"]))
-    dt = distribute_tensor(_to_wire(ctx, ts[0]), mesh, placements_from_json(args["placements"]))
+    # src_data_rank=None: every rank splits its own copy, no scatter. Used for _StridedShard,
+    # whose scatter path asserts on zero-size and some uneven tensors in torch 2.13 (its padded
+    # split gives pieces of different shapes); the placement logic is the same either way.
+    src = 0 if args.get("scatter", True) else None
+    dt = distribute_tensor(
+        _to_wire(ctx, ts[0]), mesh, placements_from_json(args["placements"]), src_data_rank=src
+    )
     local = _from_wire(dt.to_local(), ts[0].dtype)
     return {"coordinate": mesh.get_coordinate(), "stride": list(local.stride())}, [local]
 

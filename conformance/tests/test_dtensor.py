@@ -55,7 +55,15 @@ def test_distribute_tensor_holds_the_boxes(
         coords = reference.mesh_coordinates(mesh)
         boxes = [impl.dtensor_local_boxes(shape, mesh, placements, c) for c in coords]
         results = pools(world).run(
-            "dtensor.distribute", {"mesh": list(mesh), "placements": placements}, [t], example=ex
+            "dtensor.distribute",
+            {
+                "mesh": list(mesh),
+                "placements": placements,
+                # torch's scatter path asserts on some _StridedShard splits: see the op
+                "scatter": not any(p[0] == "SS" for p in placements),
+            },
+            [t],
+            example=ex,
         )
         for r in results:
             assert_equal(

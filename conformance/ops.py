@@ -261,6 +261,8 @@ def _fsdp_local_box(
 ) -> tuple[Any, list[torch.Tensor]]:
     """``tensor/parallel/fsdp.py``'s ``_get_local_box`` of a DTensor sharded on a 1-D mesh,
     with the local tensor it describes."""
+    # torch.distributed.fsdp first: importing tensor.parallel.fsdp alone is a circular import
+    import torch.distributed.fsdp  # noqa: F401
     from torch.distributed.tensor import Shard, distribute_tensor
     from torch.distributed.tensor.parallel.fsdp import _get_local_box
 

@@ -432,6 +432,12 @@ class RankPool:
         errors = {r: h for r, h in replies.items() if not h.get("ok")}
         if errors:
             stuck = sorted(set(by_fd) - set(replies))
+            # Every rank raising alike (a deterministic error after the collectives, say)
+            # leaves the group consistent; some ranks stuck or done while others raised may
+            # leave data in flight, so the pool restarts then.
+            failed_in_collective = failed_in_collective and (
+                bool(stuck) or len(errors) < self.world_size
+            )
             if failed_in_collective:
                 self._kill()  # the process group may be broken; restart on the next example
             message = self._error_message(op, desc, errors)

@@ -676,3 +676,53 @@ def test_init_from_local_shards_with_all_zeros() -> None:
     storage = to_tensor_storage_metadata(layout)
     assert [(tuple(c.offsets), tuple(c.sizes)) for c in storage.chunks] == [((0, 0), (0, 0))]
     assert from_tensor_storage_metadata(storage, ranks=[(0, 1, 2, 3)]) == layout
+
+
+# ---------------------------------------------------------------------------------------------
+# test_dtensor_resharding.py: DCP saves a DTensor under one placement and loads it under another
+
+_ONE_D = [[DShard(0)], [Replicate()]]
+_TWO_D = [
+    [Replicate(), Replicate()],
+    [Replicate(), DShard(0)],
+    [DShard(0), Replicate()],
+    [DShard(0), DShard(0)],
+]
+_RESHARD_CASES = (
+    [((4, 4), [0, 1, 2, 3], a, [0, 1, 2, 3], b) for a in _ONE_D for b in _ONE_D if a != b]
+    + [((8, 8), [[0, 1], [2, 3]], a, [[0, 1], [2, 3]], b) for a in _TWO_D for b in _TWO_D if a != b]
+    + [((8, 8), [0, 1, 2, 3], a, [[0, 1], [2, 3]], b) for a in _ONE_D for b in _TWO_D]
+    + [((8, 8), [[0, 1], [2, 3]], a, [0, 1, 2, 3], b) for a in _TWO_D for b in _ONE_D]
+)
+
+
+@pytest.mark.rule("BOX-4", "CONVERT-6", "DTENSOR-3")
+@pytest.mark.parametrize(("shape", "src_mesh", "src", "dst_mesh", "dst"), _RESHARD_CASES)
+def test_dtensor_reshard_through_checkpoint(
+    shape: tuple[int, int],
+    src_mesh: list,
+    src: list,
+    dst_mesh: list,
+    dst: list,  # type: ignore[type-arg]
+) -> None:
+    # upstream: TestDTensorReshardPlacementChange (1-D and 2-D placement changes) and
+    # TestDTensorReshardMeshChange (1-D <-> 2-D meshes): arange data saved under one layout
+    # and read under another. The checkpoint holds each distinct box once; every rank's new
+    # box is exactly the union of its intersections with the stored chunks, and reading
+    # them gives the rank its slice of the global tensor.
+    saved = dtensor_layout(shape, src_mesh, src)
+    storage = to_tensor_storage_metadata(saved)
+    stored = [Box(tuple(c.offsets), tuple(c.sizes)) for c in storage.chunks]
+    assert len(stored) == len({s.box for s in saved.shards})
+    full = torch.arange(math.prod(shape)).view(shape)
+    loaded = dtensor_layout(shape, dst_mesh, dst)
+    for s in loaded.shards:
+        out = torch.full(s.box.sizes, -1)
+        for i, st_off, dst_off, lengths in _read_pieces(s.box, stored):
+            piece = full[stored[i].slices()][
+                tuple(slice(o, o + n) for o, n in zip(st_off, lengths))
+            ]
+            target = tuple(slice(o, o + n) for o, n in zip(dst_off, lengths))
+            assert bool((out[target] == -1).all())  # each element read once
+            out[target] = piece
+        assert torch.equal(out, full[s.box.slices()])

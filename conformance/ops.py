@@ -271,3 +271,7 @@ def _fsdp_local_box(
     offsets, sizes = _get_local_box(dt)
     local = _from_wire(dt.to_local(), ts[0].dtype)
     return {"offsets": list(offsets), "sizes": list(sizes)}, [local]
+
+
+# -- resharding (spec/06-reshard.md): its operations live in their own module --------------
+from conformance import ops_reshard as _ops_reshard  # noqa: E402, F401 - registers reshard.*

@@ -60,9 +60,13 @@ def _example(exc: BaseException | None) -> str | None:
     notes = list(getattr(exc, "__notes__", []))
     for sub in getattr(exc, "exceptions", []):  # several distinct failures
         notes += list(getattr(sub, "__notes__", []))
-    keep = [n for n in notes if not n.startswith(("Explanation", "You can reproduce"))]
+    keep = [
+        n
+        for n in notes
+        if not n.lstrip().startswith(("Explanation", "You can reproduce", "These lines were"))
+    ]
     text = "\n".join(keep).strip()
-    text = re.sub(r"\n\s*Explanation:.*", "", text, flags=re.S)
+    text = re.sub(r"\n\s*(Explanation:|These lines were always).*", "", text, flags=re.S)
     return text or None
 
 

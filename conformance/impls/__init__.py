@@ -72,6 +72,23 @@ class Impl:
         the implementation infers an enumerable spec."""
         raise self.unsupported("spec inference")
 
+    # resharding (RESHARD-*)
+    def reshard(
+        self,
+        pool: Any,
+        src: Layout,
+        dst: Layout,
+        tensor: Any,
+        *,
+        max_buffer_bytes: int | None = None,
+        noncontig: bool = False,
+        example: str | None = None,
+    ) -> list[Any]:
+        """Move ``tensor`` (global) from layout ``src`` to ``dst`` on the pool's ranks: each
+        rank starts with its source boxes and returns a RankResult whose tensors are its
+        destination boxes in ``dst``'s local order."""
+        raise self.unsupported("resharding")
+
 
 def impl_name() -> str:
     return os.environ.get("SHARDSPEC_IMPL", "shardspec")

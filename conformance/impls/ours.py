@@ -60,3 +60,29 @@ class ShardspecImpl(Impl):
         if isinstance(spec, ChunkSpec):
             return spec.dim, list(spec.ranks)
         return None
+
+    def reshard(
+        self,
+        pool: Any,
+        src: Layout,
+        dst: Layout,
+        tensor: Any,
+        *,
+        max_buffer_bytes: int | None = None,
+        noncontig: bool = False,
+        example: str | None = None,
+    ) -> list[Any]:
+        from conformance.codec import layout_to_json
+
+        args = {
+            "src": layout_to_json(src),
+            "dst": layout_to_json(dst),
+            "dtype": str(tensor.dtype).removeprefix("torch."),
+            "max_buffer_bytes": max_buffer_bytes,
+            "noncontig": noncontig,
+        }
+        inputs = [
+            [tensor[b.slices()].contiguous() for b in src.boxes_of(r)]
+            for r in range(pool.world_size)
+        ]
+        return list(pool.run("reshard.shardspec", args, per_rank_tensors=inputs, example=example))

@@ -100,8 +100,11 @@ class TorchImpl(Impl):
                 "compute_local_shape_and_global_offset reports one offset per rank; a "
                 "_StridedShard local tensor can hold several blocks"
             )
+        # DTensor normalises negative dims before this helper sees them; do the same.
+        nd = max(len(shape), 1)
+        normal = [[p[0], p[1] % nd, *p[2:]] if p[0] != "R" else p for p in placements]
         local_shape, offset = _compute_local_shape_and_global_offset(
-            list(shape), list(mesh_shape), list(coord), placements_from_json(placements)
+            list(shape), list(mesh_shape), list(coord), placements_from_json(normal)
         )
         return [Box(offset, local_shape)]
 
@@ -121,3 +124,44 @@ class TorchImpl(Impl):
         if isinstance(spec, ChunkShardingSpec):
             return int(spec.dim), [p.rank() for p in spec.placements]
         return None
+
+    def reshard(
+        self,
+        pool: Any,
+        src: Layout,
+        dst: Layout,
+        tensor: Any,
+        *,
+        max_buffer_bytes: int | None = None,
+        noncontig: bool = False,
+        example: str | None = None,
+    ) -> list[Any]:
+        from conformance.codec import layout_to_json
+        from shardspec.metadata.infer import chunk_spec_of
+
+        world = pool.world_size
+        specs = []
+        for what, layout in (("source", src), ("destination", dst)):
+            spec = chunk_spec_of(layout) if layout.ndim else None
+            if spec is None or sorted(spec.ranks) != list(range(world)):
+                raise self.unsupported(
+                    f"ShardedTensor.reshard needs chunk specs over every rank; the {what} "
+                    f"layout is not one"
+                )
+            if any(s.box.is_empty for s in layout.shards):
+                raise self.unsupported(
+                    "ShardedTensor refuses identical empty shards as overlapping (BOX-2)"
+                )
+            specs.append(spec)
+        args = {
+            "src": layout_to_json(src),
+            "dst": layout_to_json(dst),
+            "dtype": str(tensor.dtype).removeprefix("torch."),
+            "dst_dim": specs[1].dim,
+            "dst_ranks": list(specs[1].ranks),
+            "noncontig": noncontig,
+        }
+        inputs = [[tensor[b.slices()].contiguous() for b in src.boxes_of(r)] for r in range(world)]
+        return list(
+            pool.run("reshard.torch_sharded", args, per_rank_tensors=inputs, example=example)
+        )

@@ -1,0 +1,95 @@
+"""Pool operations of the resharding area (spec/06-reshard.md), registered in
+``conformance.ops``'s table when that module imports this one.
+
+Each rank receives its own source shards (``per_rank_tensors``) and the layouts as JSON, and
+returns its destination shards in the destination's local order; the driver compares them with
+the global tensor, bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from conformance.codec import layout_from_json
+from conformance.ops import Context, operation
+
+__all__: list[str] = []
+
+
+def _noncontig(t: torch.Tensor) -> torch.Tensor:
+    """The same values in a strided view (every other element of a larger last dim)."""
+    if t.dim() == 0:
+        return t.clone()
+    buf = torch.zeros((*t.shape[:-1], 2 * t.shape[-1] + 1), dtype=t.dtype, device=t.device)
+    view = buf[..., 1::2]
+    view.copy_(t)
+    return view
+
+
+def _check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
+    src = layout_from_json(args["src"])
+    dst = layout_from_json(args["dst"])
+    if src.shape != dst.shape:
+        raise ValueError(f"source shape {src.shape} differs from destination shape {dst.shape}")
+    boxes = src.boxes_of(ctx.rank)
+    if len(ts) != len(boxes):
+        raise ValueError(f"rank {ctx.rank} got {len(ts)} tensors for {len(boxes)} source boxes")
+    for t, b in zip(ts, boxes):
+        if tuple(t.shape) != b.sizes:
+            raise ValueError(f"rank {ctx.rank}: a tensor of shape {tuple(t.shape)} for box {b}")
+
+
+@operation("reshard.shardspec", collective=True, check=_check)
+def _reshard_shardspec(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
+    """``shardspec.reshard.reshard`` (the dtype travels with the data: ranks without source
+    shards learn it from the others)."""
+    from shardspec.reshard import reshard
+
+    inputs = [_noncontig(t) if args.get("noncontig") else t for t in ts]
+    out = reshard(
+        inputs,
+        layout_from_json(args["src"]),
+        layout_from_json(args["dst"]),
+        max_buffer_bytes=args.get("max_buffer_bytes"),
+        dtype=getattr(torch, args["dtype"]),
+    )
+    return None, out
+
+
+@operation("reshard.torch_sharded", collective=True, check=_check)
+def _reshard_torch_sharded(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
+    """Upstream ``ShardedTensor.reshard`` from one chunk spec to another (the adapter only
+    sends layouts it can express: one chunk per rank, every rank of the pool)."""
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharded_tensor.api import ShardedTensor
+    from torch.distributed._shard.sharded_tensor.metadata import (
+        ShardedTensorMetadata,
+        TensorProperties,
+    )
+    from torch.distributed._shard.sharded_tensor.shard import Shard as TorchShard
+    from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+
+    src = layout_from_json(args["src"])
+    dtype = getattr(torch, args["dtype"])
+    mds = [
+        ShardMetadata(list(s.box.offsets), list(s.box.sizes), f"rank:{s.rank}/cpu")
+        for s in src.shards
+    ]
+    md = ShardedTensorMetadata(mds, torch.Size(src.shape), TensorProperties(dtype=dtype))
+    mine = [m for s, m in zip(src.shards, mds) if s.rank == ctx.rank]
+    inputs = [_noncontig(t) if args.get("noncontig") else t for t in ts]
+    st = ShardedTensor._init_from_local_shards_and_global_metadata(
+        [TorchShard(t, m) for t, m in zip(inputs, mine)], md
+    )
+    spec = ChunkShardingSpec(
+        dim=args["dst_dim"],
+        placements=[f"rank:{r}/cpu" for r in args["dst_ranks"]],  # type: ignore[misc]
+    )
+    st = st.reshard(spec)
+    return None, [s.tensor for s in st.local_shards()]

@@ -726,3 +726,24 @@ def test_dtensor_reshard_through_checkpoint(
             assert bool((out[target] == -1).all())  # each element read once
             out[target] = piece
         assert torch.equal(out, full[s.box.slices()])
+
+
+@pytest.mark.rule("CHUNK-1", "SPEC-3")
+def test_chunk_arithmetic_and_inference_refuse_non_layouts_clearly() -> None:
+    # get_split_size / get_chunked_dim_size callers hand over torch.Size entries and numpy
+    # ints; anything else is a LayoutError that names it, not a TypeError from deep inside.
+    assert chunk_size(np.int64(11), torch.tensor(4)) == 3
+    assert type(chunk_size(np.int64(11), 4)) is int
+    assert chunk_bounds(torch.Size([5])[0], np.int64(4)) == [(0, 2), (2, 4), (4, 5), (5, 5)]
+    for n, k, match in [
+        (-1, 2, "non-negative"),
+        (5, 0, "must be positive"),
+        (None, 2, "chunked dim size must be an int"),
+        (5, 1.5, "number of chunks must be an int"),
+        (True, 2, "must be an int"),
+        ([5], 2, "must be an int"),
+    ]:
+        with pytest.raises(LayoutError, match=match):
+            chunk_bounds(n, k)  # type: ignore[arg-type]
+    with pytest.raises(LayoutError, match="infer_spec needs a Layout, got list"):
+        infer_spec([Shard(Box((0,), (4,)), 0)])  # type: ignore[arg-type]

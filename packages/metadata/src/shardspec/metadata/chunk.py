@@ -13,6 +13,10 @@ __all__ = ["chunk_bounds", "chunk_layout", "chunk_size"]
 
 def chunk_size(n: int, k: int) -> int:
     """``torch.chunk``'s split size: ceil(n / k)."""
+    if type(n) is not int or type(k) is not int:  # the fast path is plain ints
+        n, k = as_index(n, "chunked dim size"), as_index(k, "number of chunks")
+    if n < 0:
+        raise LayoutError(f"cannot chunk a dim of size {n}: sizes are non-negative")
     if k <= 0:
         raise LayoutError(f"cannot chunk into {k} pieces: the number of chunks must be positive")
     return -(-n // k)
@@ -26,6 +30,7 @@ def chunk_bounds(n: int, k: int) -> list[tuple[int, int]]:
     ``torch.chunk`` gives nothing (it returns fewer than ``k`` pieces when ``n`` is small).
     """
     split = chunk_size(n, k)
+    n, k = int(n), int(k)  # checked by chunk_size
     return [(min(i * split, n), min((i + 1) * split, n)) for i in range(k)]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .box import Box
 from .chunk import chunk_bounds
+from .errors import LayoutError
 from .layout import Layout
 from .specs import ChunkSpec, EnumerableSpec
 
@@ -20,6 +21,8 @@ def infer_spec(layout: Layout) -> ChunkSpec | EnumerableSpec:
     the ascending rank order. Only the multiset of (box, rank) is read, so any order of the
     shards gives the same answer. Raises :class:`LayoutError` for an invalid layout.
     """
+    if not isinstance(layout, Layout):
+        raise LayoutError(f"infer_spec needs a Layout, got {type(layout).__name__}: {layout!r}")
     layout.validate()
     spec = chunk_spec_of(layout)
     return spec if spec is not None else EnumerableSpec(layout)

@@ -89,6 +89,29 @@ class Impl:
         destination boxes in ``dst``'s local order."""
         raise self.unsupported("resharding")
 
+    # TorchRec (TORCHREC-*, spec/08-torchrec.md)
+    def torchrec_layout(
+        self,
+        sharding_type: str,
+        shape: Sequence[int],
+        world_size: int,
+        local_size: int,
+        params: dict[str, Any],
+    ) -> Layout:
+        """The layout of one ``(rows, cols)`` table under ``sharding_type`` with the plan helper's
+        default block sizes, on ``world_size`` ranks of ``local_size`` per host. ``params`` are
+        the helper's: ``rank`` (table_wise), ``ranks`` (column_wise, table_column_wise, with
+        ``block_size`` for the latter), ``host_index`` (table_row_wise), ``host_indexes``
+        (grid_shard). Raises ValueError when the implementation refuses the description."""
+        raise self.unsupported("TorchRec layouts")
+
+    def shards_wrapper(
+        self, shards: Sequence[Any], offsets: Sequence[Sequence[int]]
+    ) -> tuple[tuple[int, ...], list[Box]]:
+        """(shape, DCP chunk boxes) of the implementation's LocalShardsWrapper holding
+        ``shards`` at ``offsets``; raises ValueError (or AssertionError) when it refuses them."""
+        raise self.unsupported("LocalShardsWrapper")
+
 
 def impl_name() -> str:
     return os.environ.get("SHARDSPEC_IMPL", "shardspec")

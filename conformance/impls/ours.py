@@ -86,3 +86,41 @@ class ShardspecImpl(Impl):
             for r in range(pool.world_size)
         ]
         return list(pool.run("reshard.shardspec", args, per_rank_tensors=inputs, example=example))
+
+    # TorchRec (TORCHREC-*)
+    def torchrec_layout(
+        self,
+        sharding_type: str,
+        shape: Sequence[int],
+        world_size: int,
+        local_size: int,
+        params: dict[str, Any],
+    ) -> Layout:
+        from shardspec import torchrec as tr
+
+        p = params
+        if sharding_type == "data_parallel":
+            return tr.data_parallel(shape, world_size)
+        if sharding_type == "table_wise":
+            return tr.table_wise(shape, p["rank"])
+        if sharding_type == "row_wise":
+            return tr.row_wise(shape, world_size)
+        if sharding_type == "column_wise":
+            return tr.column_wise(shape, p["ranks"])
+        if sharding_type == "table_row_wise":
+            return tr.table_row_wise(shape, p["host_index"], local_size)
+        if sharding_type == "table_column_wise":
+            return tr.table_column_wise(
+                shape, p["ranks"], local_size, block_size=p.get("block_size")
+            )
+        if sharding_type == "grid_shard":
+            return tr.grid_shard(shape, p["host_indexes"], local_size)
+        raise self.unsupported(f"sharding type {sharding_type!r}")
+
+    def shards_wrapper(
+        self, shards: Sequence[Any], offsets: Sequence[Sequence[int]]
+    ) -> tuple[tuple[int, ...], list[Box]]:
+        from shardspec.torchrec.wrapper import LocalShardsWrapper
+
+        w = LocalShardsWrapper(list(shards), [tuple(o) for o in offsets])
+        return tuple(w.shape), [Box(tuple(c.offsets), tuple(c.sizes)) for c in w.local_chunks]

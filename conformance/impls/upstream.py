@@ -157,11 +157,56 @@ class TorchImpl(Impl):
             "src": layout_to_json(src),
             "dst": layout_to_json(dst),
             "dtype": str(tensor.dtype).removeprefix("torch."),
+            "src_dim": specs[0].dim,
+            "src_ranks": list(specs[0].ranks),
             "dst_dim": specs[1].dim,
             "dst_ranks": list(specs[1].ranks),
-            "noncontig": noncontig,
+            # A ShardedTensor's local shards must be contiguous: strided inputs are not a case
+            # its resharding can be given.
+            "noncontig": False,
         }
         inputs = [[tensor[b.slices()].contiguous() for b in src.boxes_of(r)] for r in range(world)]
         return list(
             pool.run("reshard.torch_sharded", args, per_rank_tensors=inputs, example=example)
         )
+
+    # TorchRec (TORCHREC-*): torchrec's plan helpers, torch's LocalShardsWrapper
+    def torchrec_layout(
+        self,
+        sharding_type: str,
+        shape: Sequence[int],
+        world_size: int,
+        local_size: int,
+        params: dict[str, Any],
+    ) -> Layout:
+        try:
+            import torch
+            from torchrec.distributed import sharding_plan as sp
+            from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        except ImportError as e:
+            raise self.unsupported(f"TorchRec is not installed ({e})") from None
+        from shardspec.torchrec import layout_from_parameter_sharding
+
+        helpers = {
+            "data_parallel": lambda p: sp.data_parallel(),
+            "table_wise": lambda p: sp.table_wise(rank=p["rank"]),
+            "row_wise": lambda p: sp.row_wise(),
+            "column_wise": lambda p: sp.column_wise(ranks=p["ranks"]),
+            "table_row_wise": lambda p: sp.table_row_wise(host_index=p["host_index"]),
+            "grid_shard": lambda p: sp.grid_shard(host_indexes=p["host_indexes"]),
+        }
+        if sharding_type not in helpers:
+            raise self.unsupported(f"TorchRec has no plan helper for {sharding_type}")
+        param = torch.nn.Parameter(torch.empty(tuple(shape), device="meta"))
+        ps = helpers[sharding_type](params)(
+            param, local_size, world_size, "cpu", EmbeddingBagCollectionSharder()
+        )
+        return layout_from_parameter_sharding(ps, shape, world_size=world_size)
+
+    def shards_wrapper(
+        self, shards: Sequence[Any], offsets: Sequence[Sequence[int]]
+    ) -> tuple[tuple[int, ...], list[Box]]:
+        from torch.distributed.tensor._shards_wrapper import LocalShardsWrapper
+
+        w = LocalShardsWrapper(list(shards), [tuple(o) for o in offsets])
+        return tuple(w.shape), [Box(tuple(c.offsets), tuple(c.sizes)) for c in w.local_chunks]

@@ -1,0 +1,226 @@
+"""TorchRec embedding tables (spec/08-torchrec.md): each sharding type's layout against a
+brute-force owner map, and the LocalShardsWrapper's shape and chunks. Against torch, the
+layouts come from TorchRec's own plan helpers (skipped with the reason when TorchRec is not
+installed) and the wrapper is ``torch.distributed.tensor._shards_wrapper``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+from conformance.assertions import assert_equal, fail
+from conformance.cases import case
+from conformance.impls import Impl
+from shardspec.metadata import Box, Layout, LayoutError
+
+
+def owner_map(layout: Layout) -> dict[tuple[int, int], set[int]]:
+    rows, cols = layout.shape
+    return {
+        (i, j): {s.rank for s in layout.shards if s.box.contains_point((i, j))}
+        for i in range(rows)
+        for j in range(cols)
+    }
+
+
+def chunk_index(i: int, n: int, k: int) -> int:
+    size = -(-n // k)
+    return i // size
+
+
+def block_width(cols: int, lower: int) -> int:
+    w = lower
+    while w < cols:
+        if w % 4 == 0 and cols % w == 0:
+            return w
+        w += 1
+    return cols
+
+
+def expected_owner(
+    stype: str, p: dict[str, Any], shape: tuple[int, int], world: int, local: int, i: int, j: int
+) -> set[int]:
+    """Who owns (i, j), element by element from the rule statements (TORCHREC-1..9)."""
+    rows, cols = shape
+    if stype == "data_parallel":
+        return set(range(world))
+    if stype == "table_wise":
+        return {p["rank"]}
+    if stype == "row_wise":
+        return {chunk_index(i, rows, world)}
+    if stype == "column_wise":
+        ranks = p["ranks"]
+        return {ranks[j // block_width(cols, cols // len(ranks) or 128)]}
+    if stype == "table_row_wise":
+        return {p["host_index"] * local + chunk_index(i, rows, local)}
+    if stype == "table_column_wise":
+        return {p["ranks"][j // block_width(cols, p["block_size"])]}
+    if stype == "grid_shard":
+        host = p["host_indexes"][j // block_width(cols, 128)]
+        return {host * local + chunk_index(i, rows, local)}
+    raise AssertionError(stype)
+
+
+@st.composite
+def descriptions(draw: st.DrawFn) -> tuple[str, tuple[int, int], int, int, dict[str, Any]]:
+    local = draw(st.integers(1, 3))
+    hosts = draw(st.integers(1, 3))
+    world = local * hosts
+    rows = draw(st.integers(1, 12))
+    stype = draw(
+        st.sampled_from(
+            [
+                "data_parallel",
+                "table_wise",
+                "row_wise",
+                "column_wise",
+                "table_row_wise",
+                "table_column_wise",
+                "grid_shard",
+            ]
+        )
+    )
+    p: dict[str, Any] = {}
+    if stype == "table_wise":
+        p["rank"] = draw(st.integers(0, world - 1))
+        cols = draw(st.integers(1, 9))
+    elif stype == "column_wise":
+        k = draw(st.integers(1, 4))
+        p["ranks"] = draw(st.lists(st.integers(0, world - 1), min_size=k, max_size=k))
+        cols = k * draw(st.sampled_from([1, 2, 4, 8, 40]))
+    elif stype == "table_row_wise":
+        p["host_index"] = draw(st.integers(0, hosts - 1))
+        cols = draw(st.integers(1, 9))
+    elif stype == "table_column_wise":
+        h = draw(st.integers(0, hosts - 1))
+        k = draw(st.integers(1, 3))
+        p["block_size"] = 4
+        p["ranks"] = draw(
+            st.lists(st.integers(h * local, h * local + local - 1), min_size=k, max_size=k)
+        )
+        cols = 4 * k
+    elif stype == "grid_shard":
+        k = draw(st.integers(1, hosts))
+        p["host_indexes"] = draw(st.permutations(range(hosts)).map(lambda q: list(q[:k])))
+        cols = 128 * k
+    else:
+        cols = draw(st.integers(1, 9))
+    return stype, (rows, cols), world, local, p
+
+
+@pytest.mark.rule(
+    "TORCHREC-1",
+    "TORCHREC-2",
+    "TORCHREC-3",
+    "TORCHREC-5",
+    "TORCHREC-7",
+    "TORCHREC-8",
+    "TORCHREC-9",
+    "TORCHREC-10",
+)
+@given(descriptions())
+def test_torchrec_layout_matches_the_owner_map(
+    impl: Impl, desc: tuple[str, tuple[int, int], int, int, dict[str, Any]]
+) -> None:
+    stype, shape, world, local, p = desc
+    ex = f"{stype}(shape={shape}, world={world}, local_size={local}, {p})"
+    with case():
+        layout = impl.torchrec_layout(stype, shape, world, local, p)
+        try:
+            layout.validate()
+        except LayoutError as e:
+            fail("layout", f"invalid ({e})", "valid", ex)
+        for (i, j), owners in owner_map(layout).items():
+            want = expected_owner(stype, p, shape, world, local, i, j)
+            assert_equal(f"owners[{i}, {j}]", sorted(owners), sorted(want), ex)
+
+
+@pytest.mark.rule("TORCHREC-3")
+@pytest.mark.known_defect(
+    "torch", "torchrec row_wise() divides by a block size of 0 on a table with 0 rows"
+)
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_torchrec_row_wise_of_a_table_with_no_rows(impl: Impl, world: int) -> None:
+    with case():
+        layout = impl.torchrec_layout("row_wise", (0, 4), world, world, {})
+        assert_equal("layout.valid", layout.is_valid(), True, f"row_wise((0, 4), world={world})")
+
+
+@pytest.mark.rule("TORCHREC-9")
+@pytest.mark.known_defect(
+    "torch",
+    "torchrec grid_shard(host_indexes) with fewer hosts than column blocks drops the blocks "
+    "that have no host (a gap) instead of refusing",
+)
+def test_torchrec_grid_with_too_few_hosts_is_refused(impl: Impl) -> None:
+    ex = "grid_shard((10, 256), host_indexes=[1], local_size=2, world=4)"
+    with case():
+        try:
+            layout = impl.torchrec_layout("grid_shard", (10, 256), 4, 2, {"host_indexes": [1]})
+        except ValueError:
+            return  # refused: the rule's answer
+        assert_equal("layout.valid", layout.is_valid(), True, ex)
+
+
+@st.composite
+def stacks(draw: st.DrawFn, dim: int) -> tuple[list[torch.Tensor], list[tuple[int, int]]]:
+    """Two to four blocks of a table stacked along ``dim`` (rows or columns), uneven."""
+    other = draw(st.integers(1, 5))
+    sizes = draw(st.lists(st.integers(1, 4), min_size=2, max_size=4))
+    shards, offsets, at = [], [], 0
+    for n in sizes:
+        shape = (n, other) if dim == 0 else (other, n)
+        shards.append(torch.zeros(shape))
+        offsets.append((at, 0) if dim == 0 else (0, at))
+        at += n
+    return shards, offsets
+
+
+def _check_stack(
+    impl: Impl, shards: list[torch.Tensor], offsets: list[tuple[int, int]], dim: int
+) -> None:
+    ex = f"wrapper(shards={[tuple(t.shape) for t in shards]}, offsets={offsets})"
+    want = list(shards[0].shape)
+    want[dim] = sum(t.shape[dim] for t in shards)
+    with case():
+        shape, chunks = impl.shards_wrapper(shards, offsets)
+        assert_equal("wrapper.shape", tuple(shape), tuple(want), ex)
+        assert_equal(
+            "wrapper.chunks",
+            chunks,
+            [Box(o, tuple(t.shape)) for o, t in zip(offsets, shards)],
+            ex,
+        )
+
+
+@pytest.mark.rule("TORCHREC-11", "TORCHREC-13")
+@given(stacks(1))
+def test_wrapper_of_column_blocks(impl: Impl, stack: Any) -> None:
+    _check_stack(impl, *stack, dim=1)
+
+
+@pytest.mark.rule("TORCHREC-11")
+@pytest.mark.known_defect(
+    "torch", "LocalShardsWrapper sums 2-D shard shapes along dim 1 even for a row-wise stack"
+)
+@given(stacks(0))
+def test_wrapper_of_row_blocks(impl: Impl, stack: Any) -> None:
+    _check_stack(impl, *stack, dim=0)
+
+
+@pytest.mark.rule("TORCHREC-12")
+@pytest.mark.known_defect(
+    "torch",
+    "LocalShardsWrapper zips shards with offsets, silently dropping the shards that have no offset",
+)
+def test_wrapper_refuses_a_short_offsets_list(impl: Impl) -> None:
+    ex = "wrapper(shards=[(2, 4), (3, 4)], offsets=[(0, 0)])"
+    with case():
+        try:
+            got = impl.shards_wrapper([torch.zeros(2, 4), torch.zeros(3, 4)], [(0, 0)])
+        except (ValueError, AssertionError):
+            return
+        fail("wrapper", got, "refused", ex)

@@ -19,9 +19,11 @@ from conformance.assertions import (
 )
 from conformance.cases import case
 from conformance.impls import Impl
+from conformance.pool import max_world_size
 from conformance.strategies import chunk_args, dtypes, shapes, tensors, uneven_chunk_args
 from shardspec.metadata import Box, Layout
 
+MAX_WORLD = max(1, max_world_size())
 ChunkFn = Callable[[tuple[int, ...], int, list[int]], Layout]
 
 
@@ -111,7 +113,7 @@ def test_reshard_path_puts_empty_chunks_at_n(impl: Impl, args: Any) -> None:
     issue="PR #188947",
 )
 @pytest.mark.pool
-@given(st.integers(1, 4), shapes(min_dims=1, max_dims=3, max_side=7), st.data())
+@given(st.integers(1, MAX_WORLD), shapes(min_dims=1, max_dims=3, max_side=7), st.data())
 def test_fsdp_box_holds_the_local_tensor(
     impl: Impl, pools: Any, world: int, shape: tuple[int, ...], data: st.DataObject
 ) -> None:

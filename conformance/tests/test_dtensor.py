@@ -15,6 +15,7 @@ from conformance.assertions import assert_equal, assert_tensor_bitwise
 from conformance.cases import case
 from conformance.codec import placement_repr
 from conformance.impls import Impl
+from conformance.pool import max_world_size
 from conformance.strategies import dtensor_pool_cases, dtypes, nested_empty_cases, tensors
 
 
@@ -42,7 +43,7 @@ def test_local_boxes_match_the_oracle(impl: Impl, dcase: Any) -> None:
 @pytest.mark.pool
 # Dims are normalised here: distribute_tensor asserts on a _StridedShard with a negative dim
 # (it normalises Shard dims only), which is torch's input handling, not placement.
-@given(dtensor_pool_cases(max_world=4, negative_dims=False), st.data())
+@given(dtensor_pool_cases(max_world=max(1, max_world_size()), negative_dims=False), st.data())
 def test_distribute_tensor_holds_the_boxes(
     impl: Impl, pools: Any, dcase: Any, data: st.DataObject
 ) -> None:

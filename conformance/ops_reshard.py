@@ -84,8 +84,14 @@ def _reshard_torch_sharded(
     md = ShardedTensorMetadata(mds, torch.Size(src.shape), TensorProperties(dtype=dtype))
     mine = [m for s, m in zip(src.shards, mds) if s.rank == ctx.rank]
     inputs = [_noncontig(t) if args.get("noncontig") else t for t in ts]
+    # The spec is given, as a ShardedTensor made by sharding with it would carry it: torch's
+    # inference from the metadata alone answers Enumerable for a single shard.
+    src_spec = ChunkShardingSpec(
+        dim=args["src_dim"],
+        placements=[f"rank:{r}/cpu" for r in args["src_ranks"]],  # type: ignore[misc]
+    )
     st = ShardedTensor._init_from_local_shards_and_global_metadata(
-        [TorchShard(t, m) for t, m in zip(inputs, mine)], md
+        [TorchShard(t, m) for t, m in zip(inputs, mine)], md, sharding_spec=src_spec
     )
     spec = ChunkShardingSpec(
         dim=args["dst_dim"],

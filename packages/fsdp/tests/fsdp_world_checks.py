@@ -208,6 +208,20 @@ def fsdp1_world(
     out["after_step"] = _check_dtensor_entries(sd2, ref_params, rank, dp, tp, "param", 1e-5)
     avg = {k: s["exp_avg"] for k, s in osd["state"].items()}
     out["optim_state"] = _check_dtensor_entries(avg, ref_avg, rank, dp, tp, "exp_avg", 1e-5)
+    # Loading the sharded optimizer state back (upstream: _flatten_optim_state gathers each TP
+    # DTensor to its global shape and compares it with the TP-local parameter shape).
+    try:
+        opt2 = torch.optim.Adam(model.parameters(), lr=0.1)
+        with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+            opt2.load_state_dict(FSDP.optim_state_dict_to_load(model, opt2, osd))
+        optim_load: Any = [
+            f"rank {rank}: reloaded {name} of flat parameter {i} differs"
+            for i, prm in enumerate(model.parameters())
+            for name in ("exp_avg", "exp_avg_sq")
+            if not torch.allclose(opt2.state[prm][name], opt.state[prm][name], atol=1e-6, rtol=0)
+        ]
+    except Exception as e:
+        optim_load = f"raised {type(e).__name__}: {e}"
     from torch.distributed.fsdp import ShardedOptimStateDictConfig, ShardedStateDictConfig
 
     with FSDP.state_dict_type(
@@ -228,6 +242,7 @@ def fsdp1_world(
 
     out["facts"] = {
         "entry_types": {clean(k): type(v).__name__ for k, v in sd2.items()},
+        "optim_load": optim_load,
     }
     dcp.save({"model": sd2}, checkpoint_id=ckpt_dir)
     full = {k: torch.zeros_like(v) for k, v in ref_params.items()}

@@ -247,14 +247,16 @@ def run_single(
 
 def count_all_to_all(
     rank: int, world: int, inputs: list[torch.Tensor], src: Layout, dst: Layout, budget: int | None
-) -> tuple[int, int, list[torch.Tensor]]:
-    """Run a reshard while counting all_to_all_single calls (the rounds actually made) and the
-    largest send or receive buffer (bytes) any of them used on this rank."""
-    calls = [0, 0]
+) -> tuple[int, int, list[torch.Tensor], int]:
+    """Run a reshard while counting all_to_all_single calls (the rounds actually made), the
+    largest send or receive buffer (bytes) any of them used on this rank, and the bytes this
+    rank sent in all."""
+    calls = [0, 0, 0]
     real = dist.all_to_all_single
 
     def counting(output: torch.Tensor, input: torch.Tensor, *a: Any, **k: Any) -> Any:
         calls[0] += 1
+        calls[2] += input.numel() * input.element_size()
         calls[1] = max(
             calls[1], output.numel() * output.element_size(), input.numel() * input.element_size()
         )
@@ -265,4 +267,4 @@ def count_all_to_all(
         res = reshard(inputs, src, dst, max_buffer_bytes=budget)
     finally:
         dist.all_to_all_single = real
-    return calls[0], calls[1], res
+    return calls[0], calls[1], res, calls[2]

@@ -182,6 +182,12 @@ def test_rounds_bound_the_buffers_and_each_element_is_sent_once(
     calls = {a[0] for a in answers}
     assert len(calls) == 1, f"ranks made different numbers of collectives: {calls}"
     sent = [sum(p.numel for p in plan(src, dst, r).sends(r)) * 4 for r in range(WORLD)]
+    pieces = [len(plan(src, dst, r).sends(r)) for r in range(WORLD)]
+    for r, a in enumerate(answers):
+        # Each element the rank must send, once, plus under 16 bytes of alignment per piece.
+        assert sent[r] <= a[3] <= sent[r] + 15 * pieces[r], (
+            f"rank {r} sent {a[3]} bytes for {sent[r]} bytes in {pieces[r]} pieces"
+        )
     recv = [sum(p.numel for p in plan(src, dst, r).receives(r)) * 4 for r in range(WORLD)]
     if budget is None:
         assert calls == {1}

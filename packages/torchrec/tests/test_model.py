@@ -164,10 +164,15 @@ def test_reshard_between_plans_on_4_ranks(ranks4: Any) -> None:
 
 @pytest.mark.rule("TORCHREC-18")
 def test_loading_shards_of_another_plan_is_refused_on_every_rank(ranks4: Any) -> None:
-    messages = ranks4.run(cases.check_refusal, PLANS_4["row_wise"], PLANS_4["table_wise"])
-    for rank, msg in enumerate(messages):
-        assert "cannot load 'embedding_bags.t0.weight'" in msg, f"rank {rank}: {msg}"
-        assert "reshard them to the model's layout first" in msg, f"rank {rank}: {msg}"
+    per_rank = ranks4.run(cases.check_refusal, PLANS_4["row_wise"], PLANS_4["table_wise"])
+    for rank, (refused, untouched, loaded, missing) in enumerate(per_rank):
+        assert "cannot load 'embedding_bags.t0.weight'" in refused, f"rank {rank}: {refused}"
+        assert "reshard them to the model's layout first" in refused, f"rank {rank}: {refused}"
+        assert untouched == "untouched=True", f"rank {rank}: a refused load copied something"
+        assert loaded == "loaded=True", f"rank {rank}: a matching load did not land"
+        assert "embedding_bags.t0.weight" in missing and missing != "no error", (
+            f"rank {rank}: resharding with a table missing was not refused: {missing}"
+        )
 
 
 def _truth(pool: Any, plans: dict[str, Any]) -> dict[str, tuple[bool, bool]]:

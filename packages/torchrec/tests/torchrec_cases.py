@@ -190,18 +190,42 @@ def check_pairs(rank: int, world: int, pairs: list[Any]) -> list[str]:
     return bad
 
 
-def check_refusal(rank: int, world: int, src_spec: Any, dst_spec: Any) -> str:
-    """Loading shards laid out for one plan into a model of another must fail everywhere."""
+def check_refusal(rank: int, world: int, src_spec: Any, dst_spec: Any) -> list[str]:
+    """Loading shards laid out for one plan into a model of another must fail everywhere, and
+    so must a reshard between models that hold different tables."""
     from shardspec.reshard import ReshardError
-    from shardspec.torchrec.model import load_state, read_state
+    from shardspec.torchrec.model import load_state, read_state, reshard_states
 
     src = shard_with(src_spec)
     dst = shard_with(dst_spec)
+    before = {k: [t.clone() for t in v.shards] for k, v in read_state(dst).items()}
+    messages = []
     try:
         load_state(dst, read_state(src))
+        messages.append("no error")
     except ReshardError as e:
-        return str(e)
-    return "no error"
+        messages.append(str(e))
+    after = read_state(dst)
+    untouched = all(torch.equal(a, b) for k in before for a, b in zip(before[k], after[k].shards))
+    messages.append(f"untouched={untouched}")
+    # Same layouts load fine: the round trip through reshard_states to dst's own layouts.
+    states = read_state(src)
+    moved = reshard_states(states, {k: v.layout for k, v in read_state(dst).items()})
+    load_state(dst, moved)
+    weights_ok = all(
+        torch.equal(a, b)
+        for k in moved
+        for a, b in zip(moved[k].shards, read_state(dst, keys=[k])[k].shards)
+    )
+    messages.append(f"loaded={weights_ok}")
+    try:
+        bad = dict(states)
+        bad.pop(key("t0"))
+        reshard_states(bad, {k: v.layout for k, v in read_state(dst).items()})
+        messages.append("no error")
+    except ReshardError as e:
+        messages.append(str(e))
+    return messages
 
 
 def dtensor_truth(rank: int, world: int, specs: dict[str, Any]) -> dict[str, tuple[bool, bool]]:

@@ -1,4 +1,4 @@
-"""TorchRec's DTensor output <-> Layout (TORCHREC-14).
+"""TorchRec's DTensor output <-> Layout (TORCHREC-15).
 
 With ``ShardingEnv(output_dtensor=True)`` TorchRec's state dict holds each sharded table as
 ``DTensor.from_local(LocalShardsWrapper(...), mesh, placements, shape=...)``. The placements

@@ -1,7 +1,7 @@
 """A strict LocalShardsWrapper: the local shards of one table on one rank, with their offsets.
 
 What it fixes relative to ``torch.distributed.tensor._shards_wrapper.LocalShardsWrapper``
-(spec/08-torchrec.md, TORCHREC-11..13):
+(spec/08-torchrec.md, TORCHREC-11..14):
 
 - its shape is the concatenation of the shards along the dim in which they are stacked (rows
   for a row-wise stack, columns for a column-wise one), not always along dim 1;

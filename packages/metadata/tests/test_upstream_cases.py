@@ -44,8 +44,11 @@ from shardspec.metadata import (
     from_sharding_spec,
     from_tensor_storage_metadata,
     infer_spec,
+    layout_to_json,
+    render,
     to_chunk_list,
     to_shard_metadata,
+    to_sharded_tensor_metadata,
     to_sharding_spec,
     to_tensor_storage_metadata,
 )
@@ -747,3 +750,85 @@ def test_chunk_arithmetic_and_inference_refuse_non_layouts_clearly() -> None:
             chunk_bounds(n, k)  # type: ignore[arg-type]
     with pytest.raises(LayoutError, match="infer_spec needs a Layout, got list"):
         infer_spec([Shard(Box((0,), (4,)), 0)])  # type: ignore[arg-type]
+
+
+def _dcp_metadata() -> object:
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    return Metadata(
+        state_dict_metadata={"st": to_tensor_storage_metadata(chunk_layout((8,), 0, [0, 1]))}
+    )
+
+
+_LAYOUT = chunk_layout((4, 4), 0, [0, 1])
+_MISUSE = [
+    # the objects upstream code holds, handed to the wrong converter
+    (
+        lambda: to_sharding_spec(to_shard_metadata(_LAYOUT)),
+        LayoutError,
+        "to_sharding_spec needs a Layout, got list",
+    ),
+    (
+        lambda: to_tensor_storage_metadata(ChunkShardingSpec(0, ["rank:0/cpu"])),
+        LayoutError,
+        "needs a Layout, got ChunkShardingSpec",
+    ),
+    (lambda: to_chunk_list([_LAYOUT], 0), LayoutError, "to_chunk_list needs a Layout"),
+    (lambda: to_chunk_list(_LAYOUT, [0]), ConversionError, "rank must hold ranks"),
+    (
+        lambda: from_shard_metadata(ChunkShardingSpec(0, ["rank:0/cpu"]), (4,)),
+        ConversionError,
+        "from_sharding_spec",
+    ),
+    (
+        lambda: from_shard_metadata(to_sharded_tensor_metadata(_LAYOUT), (4, 4)),
+        ConversionError,
+        "from_sharded_tensor_metadata",
+    ),
+    (
+        lambda: from_shard_metadata([Box((0,), (4,))], (4,)),
+        ConversionError,
+        "shard #0 is a Box, not a ShardMetadata",
+    ),
+    (lambda: from_shard_metadata(None, (4,)), ConversionError, "got NoneType"),
+    (
+        lambda: from_tensor_storage_metadata(_dcp_metadata()),
+        ConversionError,
+        r"state_dict_metadata\[fqn\]",
+    ),
+    (lambda: from_tensor_storage_metadata(_LAYOUT), ConversionError, "got Layout"),
+    (
+        lambda: from_tensor_storage_metadata(to_tensor_storage_metadata(_LAYOUT), ranks=3),
+        ConversionError,
+        "ranks must be a sequence",
+    ),
+    (
+        lambda: layout_to_json(_LAYOUT.shards),
+        LayoutError,
+        "layout_to_json needs a Layout, got tuple",
+    ),
+    (lambda: render(None), LayoutError, "render needs a Layout, got NoneType"),
+    (lambda: Box((0,), (1,)).intersect((0, 1)), LayoutError, "it is not a Box"),
+    (lambda: Box((0,), (1,)).relative_to(None), LayoutError, "relative to a Box"),
+    (lambda: Box.from_bounds(None, None), LayoutError, "must be a sequence of integers"),
+    (lambda: _LAYOUT.with_ranks({0: 5}), LayoutError, "gives no new rank for rank 1"),
+    (lambda: Layout.replicated((2,), 3), LayoutError, "ranks must be a sequence of integers"),
+]
+
+
+@pytest.mark.rule("CONVERT-1", "CONVERT-6", "CONVERT-7", "BOX-4")
+@pytest.mark.parametrize(("call", "error", "match"), _MISUSE)
+def test_misuse_is_refused_with_a_pointer(call, error: type, match: str) -> None:  # type: ignore[no-untyped-def]
+    # Was AttributeError / TypeError / KeyError from deep inside; now the error names what
+    # came instead and, where there is one, the converter that takes it.
+    with pytest.raises(error, match=match):
+        call()
+
+
+@pytest.mark.rule("CONVERT-7")
+def test_to_chunk_list_takes_numpy_and_torch_ranks() -> None:
+    # DCP hooks get their rank from dist.get_rank() or a mesh tensor
+    want = [(c.offsets, c.sizes) for c in to_chunk_list(_LAYOUT, 1)]
+    for rank in (np.int64(1), torch.tensor(1)):
+        assert [(c.offsets, c.sizes) for c in to_chunk_list(_LAYOUT, rank)] == want
+    assert want == [(torch.Size([2, 0]), torch.Size([2, 4]))]

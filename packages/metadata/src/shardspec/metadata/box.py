@@ -98,8 +98,10 @@ class Box:
     @classmethod
     def from_bounds(cls, starts: Sequence[int], stops: Sequence[int]) -> Box:
         """The box ``[starts[d], stops[d])`` in every dim."""
+        starts = as_index_tuple(starts, "Box starts")
+        stops = as_index_tuple(stops, "Box stops")
         if len(starts) != len(stops):
-            raise LayoutError(f"starts {tuple(starts)} and stops {tuple(stops)} differ in length")
+            raise LayoutError(f"starts {starts} and stops {stops} differ in length")
         if any(b < a for a, b in zip(starts, stops)):
             raise LayoutError(f"stops {tuple(stops)} lie before starts {tuple(starts)}")
         return cls(starts, [b - a for a, b in zip(starts, stops)])
@@ -167,8 +169,9 @@ class Box:
 
         Empty boxes share no element with anything, so the result is never an empty box.
         """
-        if self.ndim != other.ndim:
-            raise LayoutError(f"cannot intersect {self} with {other}: ndim differs")
+        if not isinstance(other, Box) or self.ndim != other.ndim:
+            why = "ndim differs" if isinstance(other, Box) else "it is not a Box"
+            raise LayoutError(f"cannot intersect {self} with {other!r}: {why}")
         offs: list[int] = []
         sizes: list[int] = []
         for a, sa, b, sb in zip(self.offsets, self.sizes, other.offsets, other.sizes):
@@ -185,6 +188,8 @@ class Box:
 
     def relative_to(self, outer: Box) -> Box:
         """This box in the coordinates of ``outer`` (which must contain it)."""
+        if not isinstance(outer, Box):
+            raise LayoutError(f"{self} can only be made relative to a Box, got {outer!r}")
         if (
             not all(
                 o >= oo and o + s <= oo + os_

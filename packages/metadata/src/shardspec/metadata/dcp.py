@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .box import Box
+from .box import Box, _to_int, as_index_tuple
 from .errors import ConversionError
-from .layout import Layout, Shard
+from .layout import Layout, Shard, require_layout
 from .shard_metadata import _check_fits
 
 if TYPE_CHECKING:
@@ -43,8 +43,21 @@ def from_tensor_storage_metadata(
     in the checkpoint, not a process rank, since DCP does not record who wrote a chunk.
     Shards come out in chunk order (owners of one chunk in the order given).
     """
-    shape = tuple(int(n) for n in md.size)
+    if hasattr(md, "state_dict_metadata"):
+        raise ConversionError(
+            "from_tensor_storage_metadata takes one tensor's TensorStorageMetadata; pick it "
+            "from the checkpoint's Metadata with metadata.state_dict_metadata[fqn]"
+        )
+    if not (hasattr(md, "size") and hasattr(md, "chunks")):
+        raise ConversionError(
+            f"from_tensor_storage_metadata takes a TensorStorageMetadata, got {type(md).__name__}"
+        )
+    shape = as_index_tuple(md.size, "TensorStorageMetadata size")
     chunks = list(md.chunks)
+    if ranks is not None and (isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence)):
+        raise ConversionError(
+            f"ranks must be a sequence with the owner(s) of each chunk, got {ranks!r}"
+        )
     if ranks is not None and len(ranks) != len(chunks):
         raise ConversionError(
             f"ranks gives owners for {len(ranks)} chunks but the metadata has {len(chunks)}"
@@ -65,6 +78,7 @@ def to_tensor_storage_metadata(
     """DCP metadata for a valid layout: one chunk per distinct box (empty boxes included),
     in order of first appearance. Replicas are stored once: a checkpoint holds each element
     once. ``dtype`` defaults to torch's default dtype."""
+    require_layout(layout, "to_tensor_storage_metadata")
     import torch
     from torch.distributed.checkpoint.metadata import TensorProperties, TensorStorageMetadata
 
@@ -81,6 +95,7 @@ def to_tensor_storage_metadata(
 def chunk_owners(layout: Layout) -> list[tuple[int, ...]]:
     """For each chunk :func:`to_tensor_storage_metadata` writes, the ranks that own its box
     (in shard order): the ``ranks`` argument that reads the checkpoint back losslessly."""
+    require_layout(layout, "chunk_owners")
     owners: dict[Box, list[int]] = {}
     for s in layout.shards:
         owners.setdefault(s.box, []).append(s.rank)
@@ -90,7 +105,8 @@ def chunk_owners(layout: Layout) -> list[tuple[int, ...]]:
 def to_chunk_list(layout: Layout, rank: int) -> list[ChunkStorageMetadata]:
     """What ``__create_chunk_list__`` should return on ``rank``: one chunk per box the rank
     holds, in its local storage order, empty boxes included (``[]`` if it holds none)."""
-    return [_chunk(b) for b in layout.boxes_of(rank)]
+    require_layout(layout, "to_chunk_list")
+    return [_chunk(b) for b in layout.boxes_of(_owner(rank, 0, "rank"))]
 
 
 def _distinct_boxes(layout: Layout) -> list[Box]:
@@ -121,7 +137,9 @@ def _owners(entry: int | Sequence[int], index: int) -> tuple[int, ...]:
     return owners
 
 
-def _owner(r: object, index: int) -> int:
-    if isinstance(r, bool) or not hasattr(r, "__index__"):
-        raise ConversionError(f"ranks[{index}] must hold ranks (integers), got {r!r}")
-    return int(r.__index__())
+def _owner(r: object, index: int, what: str = "") -> int:
+    i = _to_int(r)
+    if i is None or i < 0:
+        where = what or f"ranks[{index}]"
+        raise ConversionError(f"{where} must hold ranks (integers), got {r!r}")
+    return i

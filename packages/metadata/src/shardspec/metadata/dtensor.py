@@ -24,7 +24,7 @@ from torch.distributed.tensor.placement_types import (
 from .box import Box, as_index_tuple
 from .dtensor_math import Split, local_boxes, local_slices, mesh_layout, solve_splits
 from .errors import ConversionError, LayoutError
-from .layout import Layout
+from .layout import Layout, require_layout
 
 __all__ = [
     "dtensor_layout",
@@ -213,6 +213,7 @@ def to_dtensor_placements(layout: Layout, mesh: Any) -> tuple[Placement, ...]:
     ``_StridedShard(d, split_factor=f)`` with the smallest such ``f``. Raises
     :class:`ConversionError` naming the reason when no placements do (DTENSOR-9).
     """
+    require_layout(layout, "to_dtensor_placements")
     mesh_shape, ranks = mesh_ranks(mesh)
     splits = solve_splits(layout, mesh_shape, ranks)
     out: list[Placement] = []

@@ -11,7 +11,7 @@ from typing import Any
 from .box import Box, _to_int, as_index_tuple
 from .errors import LayoutError
 
-__all__ = ["Layout", "Shard"]
+__all__ = ["Layout", "Shard", "require_layout"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +73,7 @@ class Layout:
     def replicated(cls, shape: Sequence[int], ranks: Iterable[int]) -> Layout:
         """Every rank in ``ranks`` holds the whole tensor."""
         full = Box.full(as_index_tuple(shape, "Layout shape"))
-        return cls(shape, (Shard(full, r) for r in ranks))
+        return cls(shape, (Shard(full, r) for r in as_index_tuple(ranks, "ranks")))
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Layout is immutable")
@@ -164,4 +164,23 @@ class Layout:
 
     def with_ranks(self, mapping: dict[int, int] | Sequence[int]) -> Layout:
         """The same boxes with rank ``r`` renamed to ``mapping[r]``."""
-        return Layout(self.shape, (Shard(s.box, mapping[s.rank]) for s in self.shards))
+        out = []
+        for s in self.shards:
+            try:
+                new = mapping[s.rank]
+            except (KeyError, IndexError, TypeError):
+                raise LayoutError(
+                    f"with_ranks: the mapping {mapping!r} gives no new rank for rank {s.rank}"
+                ) from None
+            out.append(Shard(s.box, new))
+        return Layout(self.shape, out)
+
+
+def require_layout(value: object, where: str) -> None:
+    """Refuse anything but a :class:`Layout` with a :class:`LayoutError` that says what came
+    instead (a shard list, a torch spec), rather than an AttributeError further in."""
+    if not isinstance(value, Layout):
+        text = repr(value)
+        if len(text) > 80:
+            text = text[:77] + "..."
+        raise LayoutError(f"{where} needs a Layout, got {type(value).__name__}: {text}")

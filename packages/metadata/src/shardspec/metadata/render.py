@@ -16,7 +16,7 @@ from bisect import bisect_left
 
 from .box import Box
 from .errors import LayoutError
-from .layout import Layout
+from .layout import Layout, require_layout
 
 __all__ = ["render"]
 
@@ -26,6 +26,7 @@ MAX_COLS = 16
 
 def render(layout: Layout, *, max_rows: int = MAX_ROWS, max_cols: int = MAX_COLS) -> str:
     """A multi-line picture of ``layout`` (no trailing newline)."""
+    require_layout(layout, "render")
     lines = [_header(layout)]
     try:
         layout.validate()

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from .box import Box
 from .errors import LayoutError
-from .layout import Layout, Shard
+from .layout import Layout, Shard, require_layout
 
 __all__ = [
     "FORMAT",
@@ -41,6 +41,7 @@ _LIST_ONLY = {list}
 
 def layout_to_dict(layout: Layout) -> dict[str, Any]:
     """The JSON-ready dict of ``layout``; shard order is kept."""
+    require_layout(layout, "layout_to_dict")
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -54,6 +55,7 @@ def layout_to_dict(layout: Layout) -> dict[str, Any]:
 
 def layout_to_json(layout: Layout) -> str:
     """Compact JSON text; the same layout (same shard order) always gives the same text."""
+    require_layout(layout, "layout_to_json")
     return json.dumps(layout_to_dict(layout), separators=(",", ":"))
 
 

@@ -17,7 +17,7 @@ from .box import Box, as_index_tuple
 from .chunk import chunk_bounds
 from .errors import ConversionError
 from .infer import chunk_spec_of
-from .layout import Layout, Shard
+from .layout import Layout, Shard, require_layout
 
 if TYPE_CHECKING:
     import torch
@@ -56,8 +56,26 @@ def from_shard_metadata(
     layout rules (overlap, gap, the same box twice on a rank).
     """
     shp = as_index_tuple(shape, "shape")
+    if hasattr(shards, "shards_metadata"):
+        raise ConversionError(
+            "from_shard_metadata takes a list of ShardMetadata; for a ShardedTensorMetadata "
+            "call from_sharded_tensor_metadata(md)"
+        )
+    if hasattr(shards, "build_metadata"):
+        raise ConversionError(
+            "from_shard_metadata takes a list of ShardMetadata; for a sharding spec call "
+            "from_sharding_spec(spec, shape)"
+        )
+    try:
+        items = list(shards)
+    except TypeError:
+        raise ConversionError(
+            f"from_shard_metadata takes a list of ShardMetadata, got {type(shards).__name__}"
+        ) from None
     out: list[Shard] = []
-    for i, md in enumerate(shards):
+    for i, md in enumerate(items):
+        if not all(hasattr(md, a) for a in ("shard_offsets", "shard_sizes", "placement")):
+            raise ConversionError(f"shard #{i} is a {type(md).__name__}, not a ShardMetadata")
         rank = _rank_of(md.placement, i)
         box = Box(md.shard_offsets, md.shard_sizes)
         _check_fits(box, shp, i, rank, "ShardMetadata")
@@ -68,6 +86,7 @@ def from_shard_metadata(
 
 def to_shard_metadata(layout: Layout, device: Device = "cpu") -> list[ShardMetadata]:
     """One ``ShardMetadata`` per shard, in layout order, placed on ``rank:{r}/{device}``."""
+    require_layout(layout, "to_shard_metadata")
     from torch.distributed._shard.metadata import ShardMetadata
 
     return [
@@ -96,6 +115,7 @@ def to_sharded_tensor_metadata(
     memory_format: torch.memory_format | None = None,
 ) -> ShardedTensorMetadata:
     """``ShardedTensorMetadata`` for ``layout``; ``dtype`` defaults to torch's default dtype."""
+    require_layout(layout, "to_sharded_tensor_metadata")
     import torch
     from torch.distributed._shard.sharded_tensor.metadata import (
         ShardedTensorMetadata,
@@ -171,6 +191,7 @@ def to_sharding_spec(
     :class:`ConversionError` (with the reason) when that kind cannot express the layout.
     ``from_sharding_spec(to_sharding_spec(L), L.shape) == L`` for every layout converted.
     """
+    require_layout(layout, "to_sharding_spec")
     from torch.distributed._shard.sharding_spec.api import EnumerableShardingSpec
     from torch.distributed._shard.sharding_spec.chunk_sharding_spec import ChunkShardingSpec
 

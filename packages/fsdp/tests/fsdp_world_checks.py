@@ -222,6 +222,19 @@ def fsdp1_world(
         ]
     except Exception as e:
         optim_load = f"raised {type(e).__name__}: {e}"
+    out["optim_load_ours"] = []
+    if use_ours:
+        from shardspec.fsdp.optim import optim_state_dict_to_load
+
+        opt3 = torch.optim.Adam(model.parameters(), lr=0.1)
+        with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+            opt3.load_state_dict(optim_state_dict_to_load(model, opt3, osd))
+        out["optim_load_ours"] = [
+            f"rank {rank}: reloaded {name} of flat parameter {i} differs"
+            for i, prm in enumerate(model.parameters())
+            for name in ("exp_avg", "exp_avg_sq")
+            if not torch.allclose(opt3.state[prm][name], opt.state[prm][name], atol=1e-6, rtol=0)
+        ]
     from torch.distributed.fsdp import ShardedOptimStateDictConfig, ShardedStateDictConfig
 
     with FSDP.state_dict_type(

@@ -77,6 +77,11 @@ def test_fsdp1_cpu_offloaded_optimizer_state_dict(fsdp1_ours) -> None:  # type: 
     _assert_clean(fsdp1_ours, "optim_state_offload")
 
 
+@pytest.mark.rule("FSDP-11")
+def test_fsdp1_optimizer_state_loads_back_with_ours(fsdp1_ours) -> None:  # type: ignore[no-untyped-def]
+    _assert_clean(fsdp1_ours, "optim_load_ours")
+
+
 @pytest.mark.rule("FSDP-9")
 def test_fsdp1_dcp_save_loads_full_tensors(fsdp1_ours) -> None:  # type: ignore[no-untyped-def]
     _assert_clean(fsdp1_ours, "dcp_full")
@@ -191,13 +196,15 @@ def test_hooks_on_random_parameters_2x2(two_by_two) -> None:  # type: ignore[no-
 # dp=3 x tp=2 (6 ranks): 7 rows over TP 2 then FSDP 3, which no DTensor describes (FSDP-5).
 
 
-@pytest.mark.rule("FSDP-5", "FSDP-6", "FSDP-9")
+@pytest.mark.rule("FSDP-5", "FSDP-6", "FSDP-9", "FSDP-11")
 def test_fsdp1_dp3_tp2_uses_flat_sharded_tensors_and_round_trips(three_by_two) -> None:  # type: ignore[no-untyped-def]
     for key in (
         "install",
         "state_dict",
         "after_step",
         "optim_state",
+        "optim_state_offload",
+        "optim_load_ours",
         "dcp_full",
         "dcp_fsdp1_load",
         "dcp_fsdp2_1d",

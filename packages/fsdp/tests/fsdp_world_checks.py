@@ -195,6 +195,29 @@ def fsdp1_world(
     with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
         sd = model.state_dict()
     out["state_dict"] = _check_dtensor_entries(sd, ref, rank, dp, tp, "param")
+    out["install_global"] = []
+    if use_ours:
+        # install() without a model: FSDP builds ours for every state wrapped afterwards
+        from torch.distributed.fsdp import _init_utils
+        from torch.distributed.fsdp._traversal_utils import _get_fsdp_states
+
+        saved = _init_utils.DTensorExtensions
+        try:
+            g_ext = install()
+            m5 = make_model()
+            parallelize_module(m5, mesh["tp"], tp_plan())
+            m5 = FSDP(m5, device_mesh=mesh["dp"], device_id=torch.device("cpu"))
+            out["install_global"] = [
+                f"state {i}: {type(st_._fsdp_extension).__name__}"
+                for i, st_ in enumerate(_get_fsdp_states(m5))
+                if st_._fsdp_extension is not g_ext
+            ]
+            with FSDP.state_dict_type(m5, StateDictType.SHARDED_STATE_DICT):
+                out["install_global"] += _check_dtensor_entries(
+                    m5.state_dict(), ref, rank, dp, tp, "param (global install)"
+                )
+        finally:
+            _init_utils.DTensorExtensions = saved
 
     # One Adam step, then parameters and optimizer state against the plain model's.
     x = torch.randn(3, DIMS[0], generator=torch.Generator().manual_seed(1))

@@ -57,6 +57,11 @@ def test_install_sets_every_state_and_handle(fsdp1_ours) -> None:  # type: ignor
     _assert_clean(fsdp1_ours, "install")
 
 
+@pytest.mark.rule("FSDP-7")
+def test_install_without_model_applies_to_later_wraps(fsdp1_ours) -> None:  # type: ignore[no-untyped-def]
+    _assert_clean(fsdp1_ours, "install_global")
+
+
 @pytest.mark.rule("FSDP-6", "FSDP-9")
 def test_fsdp1_sharded_state_dict_is_the_reference_slice(fsdp1_ours) -> None:  # type: ignore[no-untyped-def]
     _assert_clean(fsdp1_ours, "state_dict")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from shardspec.metadata import Box, LayoutError, chunk_bounds, chunk_layout
 from shardspec.metadata.strategies import chunk_layouts, shapes

@@ -22,8 +22,7 @@ from dtensor_oracle import (
     torch_local_tensors,
     torch_shape_and_offset,
 )
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 from metadata_oracle import is_valid
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
@@ -497,7 +496,6 @@ def _empty_nested(case: Any) -> bool:
     ],
 )
 def test_dtensor_cases_reach(what: str, predicate: Any) -> None:
-    from hypothesis import find
-    from hypothesis import settings as hsettings
+    from hypothesis import find, settings as hsettings
 
     find(dtensor_cases(), predicate, settings=hsettings(max_examples=5000, database=None))

@@ -7,13 +7,11 @@ from typing import Any
 import pytest
 import torch
 from dtensor_oracle import device_mesh, flat_mesh, torch_dtensor
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from shardspec.metadata import Box, ConversionError, Layout, chunk_layout
-from shardspec.metadata import Shard as LShard
+from shardspec.metadata import Box, ConversionError, Layout, Shard as LShard, chunk_layout
 from shardspec.metadata.dtensor import dtensor_layout, from_dtensor, to_dtensor_placements
 from shardspec.metadata.strategies import (
     device_meshes,

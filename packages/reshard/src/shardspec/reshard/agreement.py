@@ -30,11 +30,13 @@ __all__ = [
     "digests",
     "dtype_code",
     "dtype_from_code",
+    "dtypes_digest",
 ]
 
 DIGEST_PARTS = ("keys and shapes", "source layouts", "destination layouts", "max_buffer_bytes")
 _DIGEST = 8
-_MSG = 512 - len(DIGEST_PARTS) * _DIGEST - 5
+_TAIL = 1 + _DIGEST + 8  # knows every dtype, digest of the dtypes, rounds this rank needs
+_MSG = 512 - len(DIGEST_PARTS) * _DIGEST - 5 - _TAIL
 _RECORD = 512
 
 _DTYPE_NAMES = (
@@ -107,16 +109,35 @@ def _all_gather_bytes(
     return [bytes(p.cpu().numpy().tobytes()) for p in parts]
 
 
+def dtypes_digest(codes: Sequence[int]) -> bytes:
+    return hashlib.blake2b(bytes(codes), digest_size=_DIGEST).digest()
+
+
 def agree_on_inputs(
     digest: bytes,
     error: str | None,
     group: dist.ProcessGroup | None,
     device: torch.device,
-) -> None:
-    """Raise the same ReshardError on every rank unless all ranks are fine and agree."""
+    *,
+    codes: Sequence[int] | None = None,
+    rounds: int = 0,
+) -> int | None:
+    """Raise the same ReshardError on every rank unless all ranks are fine and agree.
+
+    A rank that knows the dtype of every tensor passes their ``codes`` and the ``rounds`` it
+    needs. When every rank did and their dtypes agree, the agreed number of rounds (the
+    maximum) is returned and no further collective is needed; otherwise None, and the caller
+    agrees on the dtypes and the rounds separately (every rank takes the same branch, as they
+    decide on the same gathered bytes).
+    """
     msg = (error or "").encode("utf-8", "replace")[:_MSG]
     record = digest.ljust(len(DIGEST_PARTS) * _DIGEST, b"\0")
-    record += bytes([1 if error is not None else 0]) + len(msg).to_bytes(4, "little") + msg
+    record += bytes([1 if error is not None else 0]) + len(msg).to_bytes(4, "little")
+    record += msg.ljust(_MSG, b"\0")
+    known = codes is not None and all(codes)
+    record += bytes([1 if known else 0])
+    record += dtypes_digest(codes) if known and codes is not None else bytes(_DIGEST)
+    record += max(rounds, 0).to_bytes(8, "little")
     records = _all_gather_bytes(record.ljust(_RECORD, b"\0"), group, device)
     n = len(DIGEST_PARTS) * _DIGEST
     problems = []
@@ -139,6 +160,16 @@ def agree_on_inputs(
                 f"reshard: the ranks disagree on the {name}: {sides}; every rank of the group "
                 "must pass the same src, dst, shapes and max_buffer_bytes. No data was moved."
             )
+    tail = n + 5 + _MSG
+    if (
+        all(rec[tail] for rec in records)
+        and len({rec[tail + 1 : tail + 1 + _DIGEST] for rec in records}) == 1
+    ):
+        return max(
+            int.from_bytes(rec[tail + 1 + _DIGEST : tail + 9 + _DIGEST], "little")
+            for rec in records
+        )
+    return None
 
 
 def dtype_code(dtype: torch.dtype) -> int:

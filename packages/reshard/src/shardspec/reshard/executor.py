@@ -122,21 +122,44 @@ def reshard_state_dict(
             codes.append(code)
     except (LayoutError, ReshardError, TypeError, ValueError) as e:
         error = f"{type(e).__name__}: {e}"
-    agree_on_inputs(digest, error, group, dev)
-    resolved = agree_on_dtypes(keys, codes, group, dev)
+    # Usually every rank knows every dtype (it holds a shard of each tensor, or was told), and
+    # one all-gather settles everything: inputs, agreement, dtypes and the number of rounds.
+    streams = None
+    need = 0
+    if error is None and all(codes):
+        _set_dtypes(jobs, codes)
+        streams = _Streams(jobs, rank, world)
+        need = streams.rounds_needed(max_buffer_bytes)
+    rounds = agree_on_inputs(digest, error, group, dev, codes=codes, rounds=need)
+    if rounds is None:
+        resolved = agree_on_dtypes(keys, codes, group, dev)
+        _set_dtypes(jobs, resolved)
+        streams = _Streams(jobs, rank, world)
+        agreed = torch.tensor(
+            [streams.rounds_needed(max_buffer_bytes)], dtype=torch.int64, device=dev
+        )
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
+        rounds = int(agreed.item())
+    assert streams is not None
 
     with torch.no_grad():
-        for job, code in zip(jobs, resolved):
-            job.dtype = dtype_from_code(code) if code else torch.get_default_dtype()
-            job.itemsize = torch.empty((), dtype=job.dtype).element_size()
+        for job in jobs:
             job.outputs = [
                 torch.empty(box.sizes, dtype=job.dtype, device=dev)
                 for box in job.dst.boxes_of(rank)
             ]
             for p in job.plan.local(rank):
                 _copy(job, p, job.inputs[p.src_local], job.outputs[p.dst_local])
-        _exchange(jobs, rank, world, max_buffer_bytes, group, dev)
+        _exchange(streams, rounds, world, group, dev)
     return {job.key: job.outputs for job in jobs}
+
+
+def _set_dtypes(jobs: list[_Job], codes: Sequence[int]) -> None:
+    import torch
+
+    for job, code in zip(jobs, codes):
+        job.dtype = dtype_from_code(code) if code else torch.get_default_dtype()
+        job.itemsize = torch.empty((), dtype=job.dtype).element_size()
 
 
 @dataclass
@@ -299,27 +322,33 @@ def _rounds_needed(lengths: list[int], budget: int | None) -> int:
     return -(-total // usable)
 
 
+class _Streams:
+    """This rank's byte streams: one to and one from every peer, and their lengths."""
+
+    def __init__(self, jobs: list[_Job], rank: int, world: int) -> None:
+        self.sends = _streams(jobs, rank, world, sending=True)
+        self.recvs = _streams(jobs, rank, world, sending=False)
+        self.send_len = [_stream_len(s) for s in self.sends]
+        self.recv_len = [_stream_len(s) for s in self.recvs]
+
+    def rounds_needed(self, budget: int | None) -> int:
+        return max(_rounds_needed(self.send_len, budget), _rounds_needed(self.recv_len, budget))
+
+
 def _exchange(
-    jobs: list[_Job],
-    rank: int,
+    streams: _Streams,
+    rounds: int,
     world: int,
-    budget: int | None,
     group: dist.ProcessGroup | None,
     dev: torch.device,
 ) -> None:
     import torch
     import torch.distributed as dist
 
-    sends = _streams(jobs, rank, world, sending=True)
-    recvs = _streams(jobs, rank, world, sending=False)
-    send_len = [_stream_len(s) for s in sends]
-    recv_len = [_stream_len(s) for s in recvs]
-    need = max(_rounds_needed(send_len, budget), _rounds_needed(recv_len, budget))
-    agreed = torch.tensor([need], dtype=torch.int64, device=dev)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
-    rounds = int(agreed.item())
     if rounds == 0:
         return
+    sends, recvs = streams.sends, streams.recvs
+    send_len, recv_len = streams.send_len, streams.recv_len
     send_q = [_align(-(-n // rounds)) for n in send_len]
     recv_q = [_align(-(-n // rounds)) for n in recv_len]
     send_buf = torch.empty(

@@ -5,8 +5,10 @@ How one call runs on every rank of the group:
 1. Plan each tensor for this rank only (:func:`shardspec.reshard.plan` with ``rank``), and
    check the local input (count, shapes, dtype, device of the source shards).
 2. Agree (see :mod:`shardspec.reshard.agreement`): digests of keys, shapes, layouts and
-   ``max_buffer_bytes`` plus each rank's input verdict are all-gathered; then the dtype of
-   each tensor. Any problem raises the same error on every rank before data moves.
+   ``max_buffer_bytes``, each rank's input verdict, and (when it knows every dtype) a digest
+   of the dtypes and the rounds it needs are all-gathered: usually the only extra collective.
+   Otherwise the dtypes are gathered and the rounds all-reduced. Any problem raises the same
+   error on every rank before data moves.
 3. Local pieces are copied directly into the outputs (never sent).
 4. Everything else travels as one byte stream per (sender, receiver) pair: the pieces of
    every tensor in key order, then wire order, each starting at a 16-byte boundary so that a
@@ -16,8 +18,8 @@ How one call runs on every rank of the group:
    bytes, so no element is cut; a piece cut by a window is copied as a few strided views
    (:func:`shardspec.reshard.blocks.flat_blocks`), never whole.
 5. The number of rounds is the maximum over ranks of what each rank needs to keep its send
-   and its receive buffer within ``max_buffer_bytes`` (one small all-reduce), so all ranks
-   run the same number of collectives.
+   and its receive buffer within ``max_buffer_bytes`` (agreed in step 2), so all ranks run
+   the same number of collectives.
 """
 
 from __future__ import annotations

@@ -1,0 +1,93 @@
+"""FSDP + TP (spec/07-fsdp.md): on a ("dp", "tp") mesh of pool ranks, the boxes an
+implementation's FSDP1 state-dict hook states for each rank hold exactly that rank's data,
+and that data is the rule's chunk of the TP piece (torch.chunk of torch.chunk of the global
+tensor), bit for bit, for every dtype."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+from conformance.assertions import assert_equal, assert_tensor_bitwise
+from conformance.cases import case
+from conformance.impls import Impl
+from conformance.strategies import dtypes, shapes, tensors
+
+
+def _chunk(t: torch.Tensor, k: int, i: int, dim: int) -> torch.Tensor:
+    pieces = t.chunk(k, dim)
+    return pieces[i] if i < len(pieces) else t.narrow(dim, t.shape[dim], 0)
+
+
+def _reference(
+    g: torch.Tensor, tp: list[Any], dp: int, tp_size: int, p: int, t: int
+) -> torch.Tensor:
+    """FSDP-1 by brute force: TP chunk of the global tensor, then FSDP's dim-0 chunk of that."""
+    piece = g if tp[0] == "R" else _chunk(g, tp_size, t, tp[1])
+    return _chunk(piece, dp, p, 0)
+
+
+@st.composite
+def fsdp_cases(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, int], list[Any]]:
+    shape = draw(shapes(min_dims=1, max_dims=3, max_side=7))
+    mesh = draw(st.sampled_from([(1, 1), (1, 2), (2, 1), (2, 2), (1, 3), (3, 1), (1, 4), (4, 1)]))
+    tp = draw(st.one_of(st.just(["R"]), st.integers(0, len(shape) - 1).map(lambda d: ["S", d])))
+    return shape, mesh, tp
+
+
+def _run(impl: Impl, pools: Any, hook: str, c: Any, data: st.DataObject) -> None:
+    shape, (dp, tp_size), tp = c
+    g = data.draw(tensors(shape, dtypes()), label="tensor")
+    ex = f"fsdp_{hook}(shape={shape}, mesh=(dp={dp}, tp={tp_size}), tp={tp}, dtype={g.dtype})"
+    with case():
+        got = impl.fsdp_tp_chunks(pools(dp * tp_size), g, (dp, tp_size), tp, hook)
+        for rank, (boxes, local) in enumerate(got):
+            p, t = divmod(rank, tp_size)
+            want = _reference(g, tp, dp, tp_size, p, t)
+            assert_tensor_bitwise(f"rank{rank}.local", local, want, ex)
+            nonempty = [b for b in boxes if not b.is_empty]
+            stated = (
+                torch.cat([g[b.slices()].reshape(-1) for b in nonempty])
+                if nonempty
+                else g.new_empty(0)
+            )
+            assert_equal(
+                f"rank{rank}.stated numel", stated.numel(), want.numel(), f"{ex} boxes={boxes}"
+            )
+            if len(nonempty) == 1:
+                assert_tensor_bitwise(
+                    f"rank{rank}.stated box {nonempty[0]}", g[nonempty[0].slices()], want, ex
+                )
+
+
+@pytest.mark.rule("FSDP-5", "FSDP-6", "CONF-1")
+@pytest.mark.known_defect(
+    "torch",
+    "tensor/parallel/fsdp.py _chunk_dtensor labels TP Shard(0) parameters (Shard(0), Shard(0)) "
+    "and redistributes: with an uneven TP shard it aborts gloo ('Received data size doesn't "
+    "match expected size') or states the wrong rows",
+)
+@pytest.mark.pool
+@given(fsdp_cases(), st.data())
+def test_chunk_dtensor_states_the_rows_it_holds(
+    impl: Impl, pools: Any, c: Any, data: st.DataObject
+) -> None:
+    _run(impl, pools, "dtensor", c, data)
+
+
+@pytest.mark.rule("FSDP-1", "FSDP-6", "CONF-1")
+@pytest.mark.known_defect(
+    "torch",
+    "tensor/parallel/fsdp.py _chunk_tensor reports floor offsets (5 rows on 2 ranks: offset 2, "
+    "holds [3, 5)) and names a scapegoat rank outside the TP group",
+    issue="PR #188947",
+)
+@pytest.mark.pool
+@given(fsdp_cases(), st.data())
+def test_chunk_tensor_states_the_rows_it_holds(
+    impl: Impl, pools: Any, c: Any, data: st.DataObject
+) -> None:
+    _run(impl, pools, "tensor", c, data)

@@ -273,5 +273,9 @@ def _fsdp_local_box(
     return {"offsets": list(offsets), "sizes": list(sizes)}, [local]
 
 
-# -- resharding (spec/06-reshard.md): its operations live in their own module --------------
-from conformance import ops_reshard as _ops_reshard  # noqa: E402, F401 - registers reshard.*
+# -- resharding (spec/06-reshard.md) and FSDP + TP (spec/07-fsdp.md): their operations live
+# in their own modules
+from conformance import (  # noqa: E402
+    ops_fsdp as _ops_fsdp,  # noqa: F401 - registers fsdp.tp_chunk
+    ops_reshard as _ops_reshard,  # noqa: F401 - registers reshard.*
+)

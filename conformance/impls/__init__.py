@@ -67,6 +67,15 @@ class Impl:
         raise self.unsupported("FSDP boxes")
 
     # specs
+    def fsdp_tp_chunks(
+        self, pool: Any, tensor: Any, mesh: Sequence[int], tp: list[Any], hook: str
+    ) -> list[tuple[list[Box], Any]]:
+        """FSDP + TP on a ``(dp, tp)`` mesh of the pool's ranks: per rank, the boxes the FSDP1
+        state-dict hook (``hook`` = ``"dtensor"``: ``chunk_dtensor``; ``"tensor"``:
+        ``chunk_tensor``) states for its chunk of its TP piece (TP placement ``tp``), and the
+        data it holds."""
+        raise self.unsupported("FSDP + TP state-dict hooks")
+
     def infer_chunk(self, layout: Layout) -> tuple[int, list[int]] | None:
         """The (dim, rank order) of the chunk spec inferred from ``layout``, or None when
         the implementation infers an enumerable spec."""

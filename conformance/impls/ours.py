@@ -50,6 +50,16 @@ class ShardspecImpl(Impl):
         layout = chunk_layout(tuple(tensor.shape), dim, range(pool.world_size))
         return [(layout.boxes_of(r.rank)[0], r.tensors[0]) for r in results]
 
+    def fsdp_tp_chunks(
+        self, pool: Any, tensor: Any, mesh: Sequence[int], tp: list[Any], hook: str
+    ) -> list[tuple[list[Box], Any]]:
+        results = pool.run(
+            "fsdp.tp_chunk",
+            {"mesh": list(mesh), "tp": tp, "impl": "shardspec", "hook": hook},
+            [tensor],
+        )
+        return [([Box(o, s) for o, s in r.value["boxes"]], r.tensors[0]) for r in results]
+
     def infer_chunk(self, layout: Layout) -> tuple[int, list[int]] | None:
         try:
             from shardspec.metadata.infer import infer_spec

@@ -112,6 +112,16 @@ class TorchImpl(Impl):
         results = pool.run("fsdp.local_box", {"dim": dim}, [tensor])
         return [(Box(r.value["offsets"], r.value["sizes"]), r.tensors[0]) for r in results]
 
+    def fsdp_tp_chunks(
+        self, pool: Any, tensor: Any, mesh: Sequence[int], tp: list[Any], hook: str
+    ) -> list[tuple[list[Box], Any]]:
+        results = pool.run(
+            "fsdp.tp_chunk",
+            {"mesh": list(mesh), "tp": tp, "impl": "torch", "hook": hook},
+            [tensor],
+        )
+        return [([Box(o, s) for o, s in r.value["boxes"]], r.tensors[0]) for r in results]
+
     def infer_chunk(self, layout: Layout) -> tuple[int, list[int]] | None:
         from torch.distributed._shard.sharding_spec import ChunkShardingSpec
         from torch.distributed._shard.sharding_spec.api import (

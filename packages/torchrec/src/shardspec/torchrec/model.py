@@ -36,25 +36,34 @@ class TableState(NamedTuple):
     shards: list[torch.Tensor]
 
 
-def _group_rank(global_rank: int, group: dist.ProcessGroup | None) -> int:
+def _rank_mapper(own: dist.ProcessGroup | None, group: dist.ProcessGroup | None) -> Any:
+    """Ranks of ``own`` (a ShardedTensor's process group: its placements name ranks there)
+    as ranks of ``group``."""
     import torch.distributed as dist
 
-    if group is None or group is dist.group.WORLD:
-        return global_rank
-    r = dist.get_group_rank(group, global_rank)
-    if r < 0:
-        raise ConversionError(f"rank {global_rank} holds a shard but is not in the group")
-    return r
+    def is_world(g: dist.ProcessGroup | None) -> bool:
+        return g is None or g is dist.group.WORLD
+
+    def to_group(r: int) -> int:
+        g = r if is_world(own) else dist.get_global_rank(own, r)  # type: ignore[arg-type]
+        if is_world(group):
+            return g
+        out = dist.get_group_rank(group, g)  # type: ignore[arg-type]
+        if out < 0:
+            raise ConversionError(f"global rank {g} holds a shard but is not in the group")
+        return out
+
+    return to_group
 
 
 def _sharded_tensor_state(value: Any, group: dist.ProcessGroup | None, rank: int) -> TableState:
     from .plans import placement_rank
 
     md = value.metadata()
+    to_group = _rank_mapper(getattr(value, "_process_group", None), group)
     shards = [
         Shard(
-            Box(list(m.shard_offsets), list(m.shard_sizes)),
-            _group_rank(placement_rank(m.placement), group),
+            Box(list(m.shard_offsets), list(m.shard_sizes)), to_group(placement_rank(m.placement))
         )
         for m in md.shards_metadata
     ]

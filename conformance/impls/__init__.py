@@ -32,6 +32,9 @@ class Impl:
     """
 
     name = "?"
+    # Which code the converter operations run on the ranks (conformance/ops_convert.py):
+    # "shardspec", "torch", or None when the implementation has no converters.
+    via: str | None = None
 
     def unsupported(self, what: str) -> Unsupported:
         return Unsupported(f"unsupported by {self.name}: {what}")
@@ -120,6 +123,69 @@ class Impl:
         """(shape, DCP chunk boxes) of the implementation's LocalShardsWrapper holding
         ``shards`` at ``offsets``; raises ValueError (or AssertionError) when it refuses them."""
         raise self.unsupported("LocalShardsWrapper")
+
+    # converters on real ranks (CONVERT-*, DTENSOR-9) and FSDP's chunking (FSDP-6)
+    def _run_via(self, what: str, pool: Any, op: str, args: dict[str, Any], **kw: Any) -> Any:
+        if self.via is None:
+            raise self.unsupported(what)
+        return list(pool.run(op, {**args, "via": self.via}, **kw))
+
+    def sharded_tensor(
+        self, pool: Any, layout: Layout, tensor: Any, example: str | None = None
+    ) -> list[Any]:
+        """A real ShardedTensor on the pool's ranks holding ``layout``'s boxes of ``tensor``:
+        per rank, a RankResult with ``value["layout"]`` (its global metadata as layout JSON),
+        ``value["local"]`` (its local shards' boxes) and the local shards' data."""
+        inputs = [
+            [tensor[b.slices()].contiguous() for b in layout.boxes_of(r)]
+            for r in range(pool.world_size)
+        ]
+        from conformance.codec import layout_to_json
+
+        args = {"layout": layout_to_json(layout), "dtype": str(tensor.dtype).removeprefix("torch.")}
+        return self._run_via(  # type: ignore[no-any-return]
+            "ShardedTensor from a layout",
+            pool,
+            "convert.sharded_tensor",
+            args,
+            per_rank_tensors=inputs,
+            example=example,
+        )
+
+    def dtensor_chunks(
+        self, pool: Any, tensor: Any, mesh: Sequence[int], placements: Any, example: str
+    ) -> list[Any]:
+        """A real DTensor on the pool's ranks: per rank, ``value["chunks"]`` (the DCP chunk
+        list it reports, as [offsets, sizes]) and, where the implementation reads layouts,
+        ``value["layout"]`` (``from_dtensor``); the local tensor."""
+        args = {
+            "mesh": list(mesh),
+            "placements": placements,
+            "scatter": not any(p[0] == "SS" for p in placements),
+        }
+        return self._run_via(  # type: ignore[no-any-return]
+            "DTensor chunk lists", pool, "convert.dtensor", args, tensors=[tensor], example=example
+        )
+
+    def fsdp_chunk_tensor(self, pool: Any, tensor: Any, example: str) -> list[Any]:
+        """FSDP's ShardedTensor of a plain tensor's dim-0 chunks over the pool's ranks: per
+        rank ``value["layout"]``, ``value["local"]`` and the local data."""
+        return self._run_via(  # type: ignore[no-any-return]
+            "FSDP chunking",
+            pool,
+            "fsdp.chunk_sharded_tensor",
+            {},
+            tensors=[tensor],
+            example=example,
+        )
+
+    def fsdp_chunk_dtensor(self, pool: Any, tensor: Any, example: str) -> list[Any]:
+        """FSDP1 + TP's chunk hook on a DTensor ``Shard(0)`` over every rank (FSDP over each
+        rank alone): per rank ``value["outer"]`` / ``["inner"]`` layouts, ``["outer_local"]``,
+        ``["inner_local"]`` and the inner local data."""
+        return self._run_via(  # type: ignore[no-any-return]
+            "FSDP + TP chunking", pool, "fsdp.chunk_dtensor", {}, tensors=[tensor], example=example
+        )
 
 
 def impl_name() -> str:

@@ -12,6 +12,7 @@ from . import Impl
 
 class ShardspecImpl(Impl):
     name = "shardspec"
+    via = "shardspec"
 
     def is_valid(self, layout: Layout) -> bool:
         try:

@@ -44,6 +44,7 @@ def _layout(shape: Sequence[int], mds: Sequence[Any]) -> Layout:
 
 class TorchImpl(Impl):
     name = "torch"
+    via = "torch"
 
     def is_valid(self, layout: Layout) -> bool:
         from torch.distributed._shard.sharding_spec._internals import (

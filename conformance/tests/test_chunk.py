@@ -4,24 +4,28 @@ an index tensor."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import given, strategies as st
+import torch
+from hypothesis import example, given, strategies as st
 
 from conformance import reference
 from conformance.assertions import (
     assert_boxes_equal,
     assert_equal,
+    assert_layouts_equal,
     assert_tensor_bitwise,
     describe_layout,
 )
 from conformance.cases import case
+from conformance.codec import layout_from_json
 from conformance.impls import Impl
 from conformance.pool import max_world_size
 from conformance.strategies import chunk_args, dtypes, shapes, tensors, uneven_chunk_args
-from shardspec.metadata import Box, Layout
+from shardspec.metadata import Box, Layout, chunk_layout
 
 MAX_WORLD = max(1, max_world_size())
 ChunkFn = Callable[[tuple[int, ...], int, list[int]], Layout]
@@ -128,3 +132,70 @@ def test_fsdp_box_holds_the_local_tensor(
             assert_equal(f"rank{rank}.box.sizes", box.sizes, tuple(local.shape), ex)
             assert_equal(f"rank{rank}.box fits", box.fits_in(shape), True, f"{ex} box={box}")
             assert_tensor_bitwise(f"rank{rank}.local", local, t[box.slices()], f"{ex} box={box}")
+
+
+def _rows_tensor(shape: tuple[int, ...], dtype: Any) -> torch.Tensor:
+    return torch.arange(math.prod(shape)).reshape(shape).to(dtype)
+
+
+@pytest.mark.rule("FSDP-6", "CHUNK-2", "CHUNK-3", "CONF-1")
+@pytest.mark.known_defect(
+    "torch",
+    "fsdp/_shard_utils.py _create_chunk_sharded_tensor lists only the chunks torch.chunk "
+    "returns: with more ranks than rows (2 rows on 3 ranks) the empty chunk of rank 2 is "
+    "dropped from the metadata, so the ShardedTensor names no box for that rank",
+)
+@pytest.mark.pool
+@given(st.integers(1, MAX_WORLD), shapes(min_dims=1, max_dims=3, max_side=7), dtypes())
+@example(3, (2, 3), torch.float32)
+def test_fsdp_chunk_sharded_tensor_lists_every_chunk(
+    impl: Impl, pools: Any, world: int, shape: tuple[int, ...], dtype: Any
+) -> None:
+    """FSDP's state-dict ShardedTensor of a plain tensor chunked on dim 0 over W ranks: its
+    metadata is chunk_layout(shape, 0, range(W)) (empty chunks included, at offset n), each
+    rank holds its chunk, and the bytes are the reference slice."""
+    t = _rows_tensor(shape, dtype)
+    ex = f"fsdp_chunk(shape={shape}, world={world}, dtype={dtype})"
+    want = chunk_layout(shape, 0, range(world))
+    with case():
+        for r in impl.fsdp_chunk_tensor(pools(world), t, ex):
+            got = layout_from_json(r.value["layout"])
+            assert_layouts_equal(f"rank{r.rank}.metadata()", got, want, ex)
+            mine = [Box(o, s) for o, s in r.value["local"]]
+            assert_boxes_equal(
+                f"rank{r.rank}.local_shards()", mine, list(want.boxes_of(r.rank)), ex
+            )
+            for box, local in zip(mine, r.tensors):
+                assert_tensor_bitwise(f"rank{r.rank}.local", local, t[box.slices()], ex)
+
+
+@pytest.mark.rule("FSDP-6", "CHUNK-1", "CONF-1")
+@pytest.mark.known_defect(
+    "torch",
+    "tensor/parallel/fsdp.py _chunk_tensor states TP shards at floor-division offsets and "
+    "names the wrong owners: for 7 rows on 3 TP ranks the outer ShardedTensor's metadata "
+    "(offsets 0, 2, 4 for sizes 3, 3, 1) fails torch's own check, so the call raises",
+    issue="PR #188947",
+)
+@pytest.mark.pool
+@given(st.integers(1, MAX_WORLD), shapes(min_dims=1, max_dims=2, max_side=7), dtypes())
+@example(3, (7, 2), torch.float32)
+def test_fsdp_chunk_tensor_of_a_tp_shard(
+    impl: Impl, pools: Any, world: int, shape: tuple[int, ...], dtype: Any
+) -> None:
+    """FSDP1 + TP's chunk hook on a DTensor ``Shard(0)`` over W TP ranks (FSDP over each rank
+    alone): the outer metadata is the TP chunk layout with the real owners, and the inner
+    ShardedTensor holds the rank's TP chunk, bit for bit."""
+    t = _rows_tensor(shape, dtype)
+    ex = f"fsdp_chunk_tensor(shape={shape}, tp={world}, dtype={dtype})"
+    tp = chunk_layout(shape, 0, range(world))
+    with case():
+        for r in impl.fsdp_chunk_dtensor(pools(world), t, ex):
+            outer = layout_from_json(r.value["outer"])
+            assert_layouts_equal(f"rank{r.rank}.outer.metadata()", outer, tp, ex)
+            (box,) = tp.boxes_of(r.rank)
+            inner_want = chunk_layout(box.sizes, 0, [r.rank])
+            inner = layout_from_json(r.value["inner"])
+            assert_layouts_equal(f"rank{r.rank}.inner.metadata()", inner, inner_want, ex)
+            for local in r.tensors:
+                assert_tensor_bitwise(f"rank{r.rank}.inner.local", local, t[box.slices()], ex)

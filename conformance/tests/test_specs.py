@@ -7,13 +7,13 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from conformance.assertions import assert_equal, assert_layouts_equal, describe_layout
 from conformance.cases import case
 from conformance.impls import Impl
 from conformance.strategies import chunk_layouts, permuted, shapes, valid_layouts
-from shardspec.metadata import Layout, chunk_layout
+from shardspec.metadata import Box, Layout, Shard, chunk_layout
 
 
 def is_chunk_layout(layout: Layout) -> bool:
@@ -33,8 +33,33 @@ LAYOUTS = st.one_of(
 )
 
 
+# The smallest layouts on which torch's _infer_sharding_spec_from_shards_metadata answers
+# differently for two orders of the same shards (found by exhaustive search over 3-D shapes
+# up to (2, 2, 0) and two shards): an empty (1, 1, 0) tensor, shard A cut along dim 0, shard B
+# along dim 1. No chunking gives it. torch treats dim 0 as "unset" (`if not
+# chunk_sharding_dim`), so in the order A, B it takes B's dim 1 and answers a chunk spec on
+# dim 1; in the order B, A it sees two dims and answers Enumerable.
+_A = Shard(Box((1, 0, 0), (0, 1, 0)), 0)
+_B = Shard(Box((0, 1, 0), (1, 0, 0)), 1)
+MIXED_DIMS = Layout((1, 1, 0), [_A, _B])
+# A chunk layout with its empty chunk at n (CHUNK-2): torch expects it past the end.
+EMPTY_AT_N = chunk_layout((5, 2), 0, [0, 1, 2, 3])
+
+INFER_DEFECT = (
+    "_infer_sharding_spec_from_shards_metadata treats dim 0 as 'unset' (`if not "
+    "chunk_sharding_dim`), so a layout whose shards are cut along dims 0 and 1 is inferred as a "
+    "chunk spec on dim 1 when a dim-0 shard comes first ((1, 1, 0) tensor, A=[1,0,0]+[0,1,0] "
+    "on rank 0 then B=[0,1,0]+[1,0,0] on rank 1); it also expects empty chunks past the end "
+    "(offset split*i, as build_metadata writes them), so a chunk layout with its empty chunk "
+    "at n is inferred Enumerable"
+)
+
+
 @pytest.mark.rule("SPEC-3", "SPEC-1")
+@pytest.mark.known_defect("torch", INFER_DEFECT)
 @given(LAYOUTS)
+@example(MIXED_DIMS)
+@example(EMPTY_AT_N)
 def test_inferred_spec_is_chunk_exactly_when_a_chunking_gives_the_layout(
     impl: Impl, layout: Layout
 ) -> None:
@@ -52,12 +77,24 @@ def test_inferred_spec_is_chunk_exactly_when_a_chunking_gives_the_layout(
             )
 
 
+def _with_order(layout: Layout) -> st.SearchStrategy[tuple[Layout, list[int]]]:
+    return st.tuples(st.just(layout), st.permutations(range(len(layout.shards))))
+
+
 @pytest.mark.rule("SPEC-5")
-@given(LAYOUTS, st.data())
+@pytest.mark.known_defect(
+    "torch",
+    "_infer_sharding_spec_from_shards_metadata depends on shard order: it treats dim 0 as "
+    "'unset', so the (1, 1, 0) layout A=[1,0,0]+[0,1,0] (rank 0), B=[0,1,0]+[1,0,0] (rank 1) "
+    "is a chunk spec on dim 1 in the order A, B and Enumerable in the order B, A",
+)
+@given(LAYOUTS.flatmap(_with_order))
+@example((MIXED_DIMS, [1, 0]))
 def test_inference_does_not_depend_on_shard_order(
-    impl: Impl, layout: Layout, data: st.DataObject
+    impl: Impl, layout_order: tuple[Layout, list[int]]
 ) -> None:
-    other = data.draw(permuted(layout), label="reordered")
+    layout, order = layout_order
+    other = Layout(layout.shape, [layout.shards[i] for i in order])
     with case():
         first = impl.infer_chunk(layout)
         second = impl.infer_chunk(other)

@@ -297,6 +297,8 @@ def test_bad_local_input_on_one_rank_raises_everywhere(pool: RankPool) -> None:
         pool.run_all(run_single, [(ins[r], src, mismatched, {}) for r in range(WORLD)]),
         "LayoutError",
     )
+    not_a_layout = [(ins[r], "rows" if r == 3 else src, dst, {}) for r in range(WORLD)]
+    _all_raise(pool.run_all(run_single, not_a_layout), "rank 3")
     big = chunk_layout((8, 4), 0, range(6))  # names ranks 4 and 5 in a group of 4
     _all_raise(
         pool.run_all(run_single, [(ins[r], src, big, {}) for r in range(WORLD)]), "ranks [4, 5]"

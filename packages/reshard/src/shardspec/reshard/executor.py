@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shardspec.metadata import Layout, LayoutError
+from shardspec.metadata import Layout
 
 from .agreement import agree_on_dtypes, agree_on_inputs, digests, dtype_code, dtype_from_code
 from .blocks import flat_blocks
@@ -105,6 +105,8 @@ def reshard_state_dict(
     digest = b""
     jobs: list[_Job] = []
     codes: list[int] = []
+    streams: _Streams | None = None
+    need = 0
     try:
         keys = _check_keys(state, src_layouts, dst_layouts)
         digest = digests(keys, src_layouts, dst_layouts, max_buffer_bytes)
@@ -122,16 +124,15 @@ def reshard_state_dict(
             )
             jobs.append(job)
             codes.append(code)
-    except (LayoutError, ReshardError, TypeError, ValueError) as e:
+        # Usually every rank knows every dtype (it holds a shard of each tensor, or was told),
+        # and one all-gather settles everything: inputs, agreement, dtypes and the rounds.
+        if all(codes):
+            _set_dtypes(jobs, codes)
+            streams = _Streams(jobs, rank, world)
+            need = streams.rounds_needed(max_buffer_bytes)
+    except Exception as e:  # any local failure must reach the others, or they would hang
         error = f"{type(e).__name__}: {e}"
-    # Usually every rank knows every dtype (it holds a shard of each tensor, or was told), and
-    # one all-gather settles everything: inputs, agreement, dtypes and the number of rounds.
-    streams = None
-    need = 0
-    if error is None and all(codes):
-        _set_dtypes(jobs, codes)
-        streams = _Streams(jobs, rank, world)
-        need = streams.rounds_needed(max_buffer_bytes)
+        streams = None
     rounds = agree_on_inputs(digest, error, group, dev, codes=codes, rounds=need)
     if rounds is None:
         resolved = agree_on_dtypes(keys, codes, group, dev)

@@ -74,6 +74,43 @@ def test_distribute_tensor_holds_the_boxes(
             assert_tensor_bitwise(f"rank{r.rank}.local", r.tensors[0], want, ex)
 
 
+def _normalised(shape: Any, placements: Any) -> list[Any]:
+    nd = max(len(shape), 1)
+    return [[p[0], p[1] % nd, *p[2:]] if p[0] != "R" else p for p in placements]
+
+
+def _has_negative_dim(dcase: Any) -> bool:
+    return any(p[0] != "R" and p[1] < 0 for p in dcase[2])
+
+
+# Negative dims on purpose: test_local_boxes_match_the_oracle and test_empty_chunks_sit_at_n
+# draw them (the oracle indexes dims Python-style); test_distribute_tensor_holds_the_boxes
+# normalises them (distribute_tensor asserts on a negative _StridedShard dim). This test sends
+# negative Shard dims to the real distribute_tensor and expects the normalised dim's boxes.
+@pytest.mark.rule("DTENSOR-1", "CONF-1")
+@pytest.mark.pool
+@given(
+    dtensor_pool_cases(max_world=max(1, max_world_size()), strided=False).filter(_has_negative_dim),
+    st.data(),
+)
+def test_negative_shard_dims_name_the_same_dim(
+    impl: Impl, pools: Any, dcase: Any, data: st.DataObject
+) -> None:
+    shape, mesh, placements = dcase
+    t = data.draw(tensors(shape, dtypes()), label="tensor")
+    ex = _describe(shape, mesh, placements) + f" dtype={t.dtype}"
+    normal = _normalised(shape, placements)
+    with case():
+        coords = reference.mesh_coordinates(mesh)
+        boxes = [impl.dtensor_local_boxes(shape, mesh, normal, c) for c in coords]
+        results = pools(math.prod(mesh)).run(
+            "dtensor.distribute", {"mesh": list(mesh), "placements": placements}, [t], example=ex
+        )
+        for r in results:
+            want = reference.gather(t, reference.indices_of_boxes(boxes[r.rank], len(shape)))
+            assert_tensor_bitwise(f"rank{r.rank}.local", r.tensors[0], want, ex)
+
+
 def check_empty_offsets(impl: Impl, shape: Any, mesh: Any, placements: Any) -> None:
     ex = _describe(shape, mesh, placements)
     for coord in reference.mesh_coordinates(mesh):

@@ -107,14 +107,28 @@ def impl() -> Impl:
 @pytest.fixture(scope="session")
 def pools() -> Iterator[Callable[[int], Any]]:
     """``pools(W)``: the session's rank pool of W ranks (started on first use)."""
-    from conformance.pool import backend, get_pool, max_world_size, shutdown_pools
+    from conformance.pool import (
+        backend,
+        get_pool,
+        launcher_rank,
+        max_world_size,
+        shutdown_pools,
+        skip_reason,
+    )
 
+    if launcher_rank() != 0:
+        pytest.skip(
+            f"launcher rank {launcher_rank()}: only rank 0 drives the suite, and it starts its "
+            "own pool of ranks (one GPU each); launch with `torchrun --nproc-per-node=1` or "
+            "plain pytest"
+        )
     if backend() == "nccl" and max_world_size() < 2:
         pytest.skip("SHARDSPEC_BACKEND=nccl needs at least 2 CUDA GPUs; this machine has fewer")
 
     def get(world_size: int) -> Any:
-        if world_size > max_world_size():
-            pytest.skip(f"world size {world_size} > SHARDSPEC_MAX_WORLD={max_world_size()}")
+        reason = skip_reason(world_size)
+        if reason is not None:
+            pytest.skip(reason)
         return get_pool(world_size)
 
     yield get

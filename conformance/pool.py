@@ -60,8 +60,11 @@ __all__ = [
     "backend",
     "default_timeout",
     "get_pool",
+    "launcher_rank",
     "max_world_size",
+    "rank_device",
     "shutdown_pools",
+    "skip_reason",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,13 +79,53 @@ def default_timeout() -> float:
     return float(os.environ.get("SHARDSPEC_POOL_TIMEOUT", "10"))
 
 
+def _cuda_devices() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def max_world_size() -> int:
     """The largest world size the suite uses (``SHARDSPEC_MAX_WORLD``, default 4; on NCCL at
     most the number of GPUs)."""
     w = int(os.environ.get("SHARDSPEC_MAX_WORLD", "4"))
     if backend() == "nccl":
-        w = min(w, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        w = min(w, _cuda_devices())
     return w
+
+
+def skip_reason(
+    world_size: int,
+    *,
+    backend_name: str | None = None,
+    device_count: int | None = None,
+    max_world: int | None = None,
+) -> str | None:
+    """Why a pool of ``world_size`` ranks cannot run here, or None when it can. NCCL needs one
+    GPU per rank (ranks never share a device); every backend stops at SHARDSPEC_MAX_WORLD."""
+    name = backend_name or backend()
+    if name == "nccl":
+        n = _cuda_devices() if device_count is None else device_count
+        if world_size > n:
+            return (
+                f"world size {world_size} needs {world_size} CUDA GPUs under "
+                f"SHARDSPEC_BACKEND=nccl (one per rank); this machine has {n}"
+            )
+    limit = int(os.environ.get("SHARDSPEC_MAX_WORLD", "4")) if max_world is None else max_world
+    if world_size > limit:
+        return f"world size {world_size} > SHARDSPEC_MAX_WORLD={limit}"
+    return None
+
+
+def rank_device(rank: int, backend_name: str) -> str:
+    """The device of pool rank ``rank``: ``cuda:<rank>`` under NCCL (one GPU per rank, which
+    :func:`skip_reason` guarantees exist), else ``cpu``."""
+    return f"cuda:{rank}" if backend_name == "nccl" else "cpu"
+
+
+def launcher_rank() -> int:
+    """This process's rank when a launcher (torchrun) started it, else 0. The suite's driver is
+    launcher rank 0; it starts its own pool of ranks, so other launcher ranks have nothing to
+    do."""
+    return int(os.environ.get("RANK", "0"))
 
 
 class PoolError(RuntimeError):

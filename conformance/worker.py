@@ -51,7 +51,9 @@ def main() -> None:
     torch.set_num_threads(1)
     store = dist.TCPStore(store_host, int(store_port), None, False, timeout=timedelta(seconds=120))
     if backend == "nccl":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+        from conformance.pool import rank_device
+
+        torch.cuda.set_device(torch.device(rank_device(rank, backend)))
     # A generous collective timeout is only a backstop: the driver's per-example timeout
     # kills a stuck pool long before this fires.
     dist.init_process_group(

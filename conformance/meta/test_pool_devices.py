@@ -1,0 +1,39 @@
+"""How the pool maps ranks to devices (GPU mode cannot run here, so its selection logic is
+tested on its own): NCCL gets one GPU per rank and skips, with the reason, a world larger than
+the GPU count; every backend stops at SHARDSPEC_MAX_WORLD; torchrun ranks other than 0 stay
+idle."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.pool import launcher_rank, rank_device, skip_reason
+
+
+@pytest.mark.rule("CONF-3")
+def test_nccl_needs_one_gpu_per_rank() -> None:
+    assert skip_reason(4, backend_name="nccl", device_count=4, max_world=8) is None
+    reason = skip_reason(3, backend_name="nccl", device_count=2, max_world=8)
+    assert reason is not None
+    assert "needs 3 CUDA GPUs" in reason and "has 2" in reason
+    assert skip_reason(1, backend_name="nccl", device_count=0, max_world=8) is not None
+
+
+@pytest.mark.rule("CONF-3")
+def test_every_backend_stops_at_the_max_world() -> None:
+    assert skip_reason(4, backend_name="gloo", max_world=4) is None
+    reason = skip_reason(5, backend_name="gloo", max_world=4)
+    assert reason == "world size 5 > SHARDSPEC_MAX_WORLD=4"
+    assert skip_reason(5, backend_name="nccl", device_count=8, max_world=4) is not None
+
+
+def test_ranks_get_their_own_device() -> None:
+    assert [rank_device(r, "nccl") for r in range(3)] == ["cuda:0", "cuda:1", "cuda:2"]
+    assert rank_device(2, "gloo") == "cpu"
+
+
+def test_launcher_rank_reads_torchrun_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    assert launcher_rank() == 0
+    monkeypatch.setenv("RANK", "3")
+    assert launcher_rank() == 3

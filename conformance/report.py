@@ -67,7 +67,40 @@ def _example(exc: BaseException | None) -> str | None:
     ]
     text = "\n".join(keep).strip()
     text = re.sub(r"\n\s*(Explanation:|These lines were always).*", "", text, flags=re.S)
-    return text or None
+    return _tidy_example(text) or None
+
+
+# Lines of Hypothesis's falsifying-example note that say nothing about the case: the fixtures
+# (adapter object, pool getter) and the source locations it lists.
+_NOISE = re.compile(r"^\s*(impl=<.*>,|pools=\w+,|/\S+\.py:\d+)\s*$")
+
+
+def _tidy_example(text: str) -> str:
+    lines = [ln.replace("  # or any other generated value", "") for ln in text.splitlines()]
+    return "\n".join(ln for ln in lines if not _NOISE.match(ln)).strip()
+
+
+def _rank_errors(text: str) -> str | None:
+    """A RankError's per-rank tracebacks, each reduced to the exception line; ranks that raised
+    the same thing are listed together."""
+    parts = re.split(r"^--- rank (\d+) \((\w+)\) ---$", text, flags=re.M)
+    if len(parts) < 4:
+        return None
+    by_error: dict[str, list[str]] = {}
+    for i in range(1, len(parts) - 2, 3):
+        rank, phase, body = parts[i], parts[i + 1], parts[i + 2]
+        lines = [ln for ln in body.strip().splitlines() if ln.strip()]
+        last = next(
+            (ln for ln in reversed(lines) if re.match(r"^[\w.]+(Error|Exception)\b", ln)),
+            lines[-1] if lines else "",
+        )
+        by_error.setdefault(f"({phase}) {last.strip()}", []).append(rank)
+    head = parts[0].strip().splitlines()[0]
+    out = [head] + [
+        f"  {'rank' if len(rs) == 1 else 'ranks'} {', '.join(rs)} {err}"
+        for err, rs in by_error.items()
+    ]
+    return "\n".join(out)
 
 
 def _message(exc: BaseException | None) -> str | None:
@@ -76,6 +109,10 @@ def _message(exc: BaseException | None) -> str | None:
     excs = list(getattr(exc, "exceptions", [])) or [exc]
     lines = []
     for e in excs:
+        ranks = _rank_errors(str(e)) if type(e).__name__ == "RankError" else None
+        if ranks is not None:
+            lines.append(f"RankError: {ranks}")
+            continue
         first = str(e).strip().splitlines()
         head = first[0] if first else ""
         if len(first) > 1 and not re.search(r"=.*but should be", head):
@@ -163,21 +200,78 @@ def render(impl: str, cases: list[Case], seconds: float) -> str:
                 what += f"; {total} example(s) unsupported: " + "; ".join(c.unsupported_examples)
             out.append(f"| `{name}` | {', '.join(c.rules)} | {what} |")
     divergences = [c for c in cases if c.outcome in ("diverged", "error")]
+    if divergences:
+        out += [
+            "",
+            "## Summary of divergences",
+            "",
+            "| # | test | rules | known defect | upstream issue/PR |",
+            "|---|---|---|---|---|",
+        ]
+        for i, c in enumerate(divergences, 1):
+            name = c.test.split("::", 1)[1]
+            known = "yes" if c.known else ("error" if c.outcome == "error" else "new")
+            out.append(
+                f"| [{i}](#{i}) | `{name}` | {', '.join(c.rules)} | {known} | {c.issue or '-'} |"
+            )
     out += ["", "## Divergences", ""]
     if not divergences:
         out.append("None.")
     for i, c in enumerate(divergences, 1):
-        out += [f"### {i}. `{c.test}`", ""]
+        out += [f'<a id="{i}"></a>', f"### {i}. `{c.test}`", ""]
         for r in c.rules:
-            out.append(f"- **Rule {r}**: {rules.get(r, '(not in spec/)')}")
+            out.append(f"- **Breaks {r}**, which says: {rules.get(r, '(not in spec/)')}")
         if c.known:
-            out.append(f"- **Known upstream defect**: {c.reason}")
+            out.append(f"- **Known upstream defect**: {c.reason.removeprefix('upstream: ')}")
         out.append(f"- **Upstream issue/PR**: {c.issue or 'none known'}")
         out += ["", f"What `{impl}` did:", "", "```", (c.message or "").strip(), "```"]
         if c.example:
             out += ["", "Minimal (shrunk) example:", "", "```", c.example, "```"]
         out.append("")
+    if impl == "torch":
+        out += _performance_section(rules)
     return "\n".join(out).rstrip() + "\n"
+
+
+# Upstream defects that are about cost, not correctness: tests never assert wall-clock, so
+# they are measured by the benchmarks (`nox -s bench`) and listed here with where to look.
+PERFORMANCE = [
+    (
+        "LAYOUT-4",
+        "torch's N-D overlap check (`validate_non_overlapping_shards_metadata`) grows as "
+        "n^1.5 on grid layouts: 3.1 s for a 316x316 grid when recorded",
+        "packages/metadata/benchmarks/bench_validate.py",
+    ),
+    (
+        "RESHARD-7",
+        "DCP read planning (`create_read_items_for_chunk_list`) is O(n*m): 4.9 s and 0.8 GB "
+        "for 1000 row chunks read as 1000 column chunks, 24 s and 3.2 GB at 2000 when recorded",
+        "none yet: bench_reshard.py times our planner against a naive all-pairs one, not DCP's",
+    ),
+    (
+        "RESHARD-2",
+        "DTensor `Shard(0) -> Shard(1)` on CPU falls back to all-gather + chunk: peak memory "
+        "twice the global tensor, 3-9x slower than one `all_to_all_single` when recorded",
+        "packages/reshard/benchmarks/bench_reshard.py",
+    ),
+]
+
+
+def _performance_section(rules: dict[str, str]) -> list[str]:
+    out = [
+        "## Performance divergences",
+        "",
+        "Not checked by the suite (no test asserts wall-clock time); the figures were measured "
+        "when the defects were recorded (shared/DESIGN.md section 6), and `nox -s bench` "
+        "measures them again as ratios against shardspec in the same run.",
+        "",
+        "| rule | what upstream does | benchmark |",
+        "|---|---|---|",
+    ]
+    for rule, what, bench in PERFORMANCE:
+        where = f"`{bench}`" if bench.endswith(".py") else bench
+        out.append(f"| {rule}: {rules.get(rule, '')} | {what} | {where} |")
+    return out + [""]
 
 
 def main(argv: list[str] | None = None) -> int:

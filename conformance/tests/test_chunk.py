@@ -174,7 +174,8 @@ def test_fsdp_chunk_sharded_tensor_lists_every_chunk(
     "torch",
     "tensor/parallel/fsdp.py _chunk_tensor states TP shards at floor-division offsets and "
     "names the wrong owners: for 7 rows on 3 TP ranks the outer ShardedTensor's metadata "
-    "(offsets 0, 2, 4 for sizes 3, 3, 1) fails torch's own check, so the call raises",
+    "(offsets 0, 2, 4 for sizes 3, 3, 1) has overlapping boxes, so the call raises an overlap "
+    "error; for even splits it names rank 1 as the owner of the other ranks' shards",
     issue="PR #188947",
 )
 @pytest.mark.pool

@@ -25,6 +25,7 @@ from torch.distributed._shard.sharding_spec import (
     ShardMetadata as TorchShardMetadata,
 )
 from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from shardspec.metadata import Box, Layout, Shard as LShard, chunk_layout
 from shardspec.reshard import reference
@@ -160,6 +161,22 @@ def test_sharded_tensor_built_by_torch_with_empty_chunks_past_the_end(pool: Rank
         ((9, 6), [[0, 1], [2, 3]], [Shard(0), Shard(0)], [0, 1, 2, 3], [Replicate()]),
         ((3, 10), [0, 1], [Shard(1)], [0, 1, 2, 3], [Shard(0)]),  # a mesh of two ranks to four
         ((6,), [0, 1, 2, 3], [Replicate()], [2, 3], [Shard(0)]),
+        # FSDP + TP style: rows strided over dp inside each tp chunk (a rank's local tensor
+        # is several blocks), from and to plain placements.
+        (
+            (9, 6),
+            [[0, 1], [2, 3]],
+            [_StridedShard(0, split_factor=2), Shard(0)],
+            [[0, 1], [2, 3]],
+            [Shard(1), Replicate()],
+        ),
+        (
+            (9, 6),
+            [[0, 1], [2, 3]],
+            [Shard(1), Replicate()],
+            [[0, 1], [2, 3]],
+            [_StridedShard(0, split_factor=2), Shard(0)],
+        ),
         ((), [0, 1, 2, 3], [Replicate()], [1, 3], [Replicate()]),
     ],
 )

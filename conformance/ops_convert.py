@@ -116,7 +116,7 @@ def _dtensor(
         value["layout"] = layout_to_json(layout)
         value["chunks"] = _boxes(to_chunk_list(layout, ctx.rank))
     else:
-        value["chunks"] = _boxes(dt.__create_chunk_list__())
+        value["chunks"] = _boxes(dt.__create_chunk_list__())  # type: ignore[no-untyped-call]
     return value, [local]
 
 
@@ -147,6 +147,7 @@ def _fsdp_chunk_plain(
     """FSDP's ShardedTensor of a plain tensor's dim-0 chunks over the whole group
     (torch: ``fsdp/_shard_utils.py`` ``_create_chunk_sharded_tensor``)."""
     group = dist.group.WORLD
+    assert group is not None  # the worker has initialised the default group
     if _via(args) == "torch":
         import torch.distributed.fsdp  # noqa: F401
         from torch.distributed.fsdp._shard_utils import _create_chunk_sharded_tensor

@@ -210,9 +210,9 @@ def render(impl: str, cases: list[Case], seconds: float) -> str:
         ]
         for i, c in enumerate(divergences, 1):
             name = c.test.split("::", 1)[1]
-            known = "yes" if c.known else ("error" if c.outcome == "error" else "new")
+            kind = "yes" if c.known else ("error" if c.outcome == "error" else "new")
             out.append(
-                f"| [{i}](#{i}) | `{name}` | {', '.join(c.rules)} | {known} | {c.issue or '-'} |"
+                f"| [{i}](#{i}) | `{name}` | {', '.join(c.rules)} | {kind} | {c.issue or '-'} |"
             )
     out += ["", "## Divergences", ""]
     if not divergences:
@@ -222,7 +222,8 @@ def render(impl: str, cases: list[Case], seconds: float) -> str:
         for r in c.rules:
             out.append(f"- **Breaks {r}**, which says: {rules.get(r, '(not in spec/)')}")
         if c.known:
-            out.append(f"- **Known upstream defect**: {c.reason.removeprefix('upstream: ')}")
+            reason = (c.reason or "").removeprefix("upstream: ")
+            out.append(f"- **Known upstream defect**: {reason}")
         out.append(f"- **Upstream issue/PR**: {c.issue or 'none known'}")
         out += ["", f"What `{impl}` did:", "", "```", (c.message or "").strip(), "```"]
         if c.example:

@@ -64,7 +64,8 @@ def _sharded_tensor(
     """A real ShardedTensor holding this rank's boxes of ``layout``: from our
     ``to_sharded_tensor_metadata`` (no communication), or from torch's
     ``init_from_local_shards``, which gathers every rank's shard metadata. Returns the global
-    metadata, the local shards' boxes, ``__create_chunk_list__`` and the local data."""
+    metadata, the local shards' boxes, the DCP chunks of this rank (``to_chunk_list``, or the
+    chunks of DCP's ``_create_write_items``) and the local data."""
     from torch.distributed._shard.metadata import ShardMetadata
     from torch.distributed._shard.sharded_tensor.api import ShardedTensor
     from torch.distributed._shard.sharded_tensor.shard import Shard as TorchShard
@@ -85,9 +86,19 @@ def _sharded_tensor(
         st = ShardedTensor._init_from_local_shards_and_global_metadata(local, md)
     else:
         st = ShardedTensor._init_from_local_shards(local, *layout.shape)
+    if _via(args) == "shardspec":
+        from shardspec.metadata import to_chunk_list
+
+        chunks = to_chunk_list(layout, ctx.rank)
+    else:
+        from torch.distributed.checkpoint.planner_helpers import _create_write_items
+
+        # what DCP's save planner writes for this rank's part of the ShardedTensor
+        chunks = [w.tensor_data.chunk for w in _create_write_items("t", st)]  # type: ignore[union-attr]
     value = {
         "layout": _metadata_layout(st.metadata()),
         "local": _shard_boxes(st),
+        "chunks": _boxes(chunks),
     }
     return value, [s.tensor for s in st.local_shards()]
 

@@ -27,7 +27,7 @@ from conformance.assertions import (
     describe_layout,
 )
 from conformance.cases import case
-from conformance.codec import layout_from_json, placement_repr
+from conformance.codec import layout_from_json, placement_repr, placements_from_json
 from conformance.impls import Impl
 from conformance.pool import max_world_size
 from conformance.strategies import dtensor_pool_cases, dtypes, shapes, tensors, valid_layouts
@@ -55,7 +55,7 @@ def pool_layouts(draw: st.DrawFn) -> tuple[int, Layout]:
     return world, layout
 
 
-@pytest.mark.rule("CONVERT-1", "CONVERT-2", "CONF-1")
+@pytest.mark.rule("CONVERT-1", "CONVERT-2", "CONVERT-7", "CONF-1")
 @pytest.mark.pool
 @given(pool_layouts(), st.data())
 @example((3, chunk_layout((5, 2), 0, [2, 0, 1])), None)
@@ -63,7 +63,8 @@ def test_sharded_tensor_holds_the_layout(
     impl: Impl, pools: Any, world_layout: tuple[int, Layout], data: Any
 ) -> None:
     """Every rank's ShardedTensor states the layout as its global metadata, holds its own boxes
-    in layout order, and their bytes are the reference slices."""
+    in layout order, DCP saves one chunk per box it holds, and the bytes are the reference
+    slices."""
     world, layout = world_layout
     t = _tensor(layout.shape, data)
     ex = f"{describe_layout(layout)} world={world} dtype={t.dtype}"
@@ -78,6 +79,7 @@ def test_sharded_tensor_holds_the_layout(
             assert_layouts_equal(f"rank{r.rank}.metadata()", got, layout, ex)
             want = list(layout.boxes_of(r.rank))
             assert_boxes_equal(f"rank{r.rank}.local_shards()", _boxes(r.value["local"]), want, ex)
+            assert_boxes_equal(f"rank{r.rank}.dcp_chunks", _boxes(r.value["chunks"]), want, ex)
             for i, (box, local) in enumerate(zip(want, r.tensors)):
                 assert_tensor_bitwise(f"rank{r.rank}.shard{i}", local, t[box.slices()], ex)
 
@@ -172,8 +174,9 @@ def test_dtensor_chunk_list_is_where_the_local_data_sits(
 def test_from_dtensor_gives_every_rank_its_elements(
     impl: Impl, pools: Any, dcase: Any, data: st.DataObject
 ) -> None:
-    """``from_dtensor`` on a real DTensor reads the same layout on every rank, and that
-    layout gives each rank exactly the elements its local tensor holds, in local order."""
+    """``from_dtensor`` on a real DTensor reads the same layout on every rank, equal to
+    ``dtensor_layout`` of the same description, and that layout gives each rank exactly the
+    elements its local tensor holds, in local order."""
     shape, mesh, placements = dcase
     t = data.draw(tensors(shape, dtypes()), label="tensor")
     ex = _describe(shape, mesh, placements) + f" dtype={t.dtype}"
@@ -186,6 +189,11 @@ def test_from_dtensor_gives_every_rank_its_elements(
             )
         results = impl.dtensor_chunks(pools(math.prod(mesh)), t, mesh, placements, ex)
         first = layout_from_json(results[0].value["layout"])
+        from shardspec.metadata import dtensor_layout
+
+        ranks = torch.arange(math.prod(mesh)).reshape(mesh)
+        built = dtensor_layout(shape, ranks, placements_from_json(placements))
+        assert_layouts_equal("from_dtensor(dt)", first, built, ex + " vs dtensor_layout")
         for r in results:
             layout = layout_from_json(r.value["layout"])
             assert_layouts_equal(f"rank{r.rank}.from_dtensor", layout, first, ex)

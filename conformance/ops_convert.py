@@ -73,16 +73,20 @@ def _sharded_tensor(
     layout = layout_from_json(args["layout"])
     dtype = getattr(torch, args["dtype"])
     mine = [s for s in layout.shards if s.rank == ctx.rank]
-    device = ctx.device
+    from conformance.pool import rank_device
+
+    def device(rank: int) -> str:  # each owner's own device: cuda:<rank> under NCCL
+        return rank_device(rank, ctx.backend)
+
     mds = [
-        ShardMetadata(list(s.box.offsets), list(s.box.sizes), f"rank:{s.rank}/{device}")
+        ShardMetadata(list(s.box.offsets), list(s.box.sizes), f"rank:{s.rank}/{device(s.rank)}")
         for s in mine
     ]
     local = [TorchShard(t.contiguous(), m) for t, m in zip(ts, mds)]
     if _via(args) == "shardspec":
         from shardspec.metadata import to_sharded_tensor_metadata
 
-        md = to_sharded_tensor_metadata(layout, dtype, device=lambda r: str(device))
+        md = to_sharded_tensor_metadata(layout, dtype, device=device)
         st = ShardedTensor._init_from_local_shards_and_global_metadata(local, md)
     else:
         st = ShardedTensor._init_from_local_shards(local, *layout.shape)

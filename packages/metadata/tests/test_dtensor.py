@@ -35,6 +35,7 @@ from shardspec.metadata.dtensor import (
     dtensor_local_slices,
     mesh_ranks,
 )
+from shardspec.metadata.dtensor_math import Split, local_boxes, local_pieces
 from shardspec.metadata.strategies import dtensor_cases, shapes
 
 
@@ -430,6 +431,50 @@ def test_nested_shards_of_one_dim_refine_left_to_right(n: int, sides: list[int])
     nonempty = [b for s in layout.shards for b in [s.box] if b.sizes[0]]
     assert [b.offsets[0] for b in nonempty] == sorted(b.offsets[0] for b in nonempty)
     assert sum(b.sizes[0] for b in nonempty) == n
+
+
+def _as_splits(placements: Any, ndim: int) -> list[Split | None]:
+    out: list[Split | None] = []
+    for p in placements:
+        if isinstance(p, Replicate):
+            out.append(None)
+        else:
+            f = p.split_factor if isinstance(p, _StridedShard) else 1
+            out.append(Split(p.dim % ndim, f))
+    return out
+
+
+@pytest.mark.rule("DTENSOR-5", "DTENSOR-7")
+@given(dtensor_cases())
+def test_local_pieces_index_the_local_tensor(case: Any) -> None:
+    """The torch-free entry point (shardspec.fsdp and other torch-free callers use it): each
+    dim's piece lists the global indices of the local tensor along that dim, in local order,
+    and its boxes are the grid of the pieces' runs."""
+    shape, mesh, placements = case
+    mesh_shape, _ = flat_mesh(mesh)
+    splits = _as_splits(placements, len(shape))
+    g = arange(shape)
+    for c in coords(mesh_shape):
+        pieces = local_pieces(shape, mesh_shape, splits, c)
+        want = local_tensor(shape, mesh_shape, placements, c)
+        ix = [torch.tensor(p.indices(), dtype=torch.long) for p in pieces]
+        got = g[torch.meshgrid(*ix, indexing="ij")] if ix else g
+        assert got.shape == want.shape and torch.equal(got, want), f"{case} at {c}: {pieces}"
+        assert local_boxes(shape, mesh_shape, splits, c) == dtensor_local_boxes(
+            shape, mesh_shape, placements, c
+        )
+
+
+@pytest.mark.rule("DTENSOR-5", "DTENSOR-7")
+def test_local_pieces_hand_worked() -> None:
+    # 8 rows, _StridedShard(0, 2) over 2: coordinate 1 holds rows 2, 3, 6, 7.
+    (rows,) = local_pieces((8,), (2,), [Split(0, 2)], (1,))
+    assert rows.indices() == [2, 3, 6, 7] and rows.runs == ((2, 4), (6, 8))
+    # 5 rows over 4 then 2: coordinate (3, 1) is empty, at the end of its parent [5, 5).
+    (rows,) = local_pieces((5,), (4, 2), [Split(0), Split(0)], (3, 1))
+    assert rows.indices() == [] and rows.end == 5
+    with pytest.raises(ConversionError, match="coordinate"):
+        local_pieces((5,), (4,), [Split(0)], (4,))
 
 
 # --- the strategies reach the edges (a strategy that misses one is a bug) -------------------

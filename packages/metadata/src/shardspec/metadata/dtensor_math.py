@@ -30,6 +30,7 @@ __all__ = [
     "Split",
     "dim_pieces",
     "local_boxes",
+    "local_pieces",
     "local_slices",
     "mesh_layout",
     "solve_splits",
@@ -63,6 +64,10 @@ class Piece:
     def intervals(self) -> tuple[_Run, ...]:
         """The runs, or the one empty interval ``[end, end)`` for an empty piece."""
         return self.runs if self.runs else ((self.end, self.end),)
+
+    def indices(self) -> list[int]:
+        """The global indices, ascending (the order of the local tensor along this dim)."""
+        return [i for a, b in self.runs for i in range(a, b)]
 
     def describe(self) -> str:
         if not self.runs:
@@ -174,13 +179,14 @@ def _grid(pieces: Sequence[Piece]) -> tuple[Box, ...]:
     )
 
 
-def local_boxes(
+def local_pieces(
     shape: Sequence[int],
     mesh_shape: Sequence[int],
     splits: Sequence[Split | None],
     coordinate: Sequence[int],
-) -> tuple[Box, ...]:
-    """The boxes of the local tensor at ``coordinate``, in local storage order (DTENSOR-7)."""
+) -> tuple[Piece, ...]:
+    """For each tensor dim, the piece the local tensor at ``coordinate`` holds (DTENSOR-5/6):
+    its local shape is the pieces' sizes, its elements ``global[ix_(*indices)]``."""
     _check(shape, mesh_shape, splits)
     if len(coordinate) != len(mesh_shape) or not all(
         0 <= c < k for c, k in zip(coordinate, mesh_shape)
@@ -192,7 +198,17 @@ def local_boxes(
     for d, n in enumerate(shape):
         mesh_dims, table = dim_pieces(n, mesh_shape, splits, d)
         pieces.append(table[tuple(coordinate[m] for m in mesh_dims)])
-    return _grid(pieces)
+    return tuple(pieces)
+
+
+def local_boxes(
+    shape: Sequence[int],
+    mesh_shape: Sequence[int],
+    splits: Sequence[Split | None],
+    coordinate: Sequence[int],
+) -> tuple[Box, ...]:
+    """The boxes of the local tensor at ``coordinate``, in local storage order (DTENSOR-7)."""
+    return _grid(local_pieces(shape, mesh_shape, splits, coordinate))
 
 
 def mesh_layout(

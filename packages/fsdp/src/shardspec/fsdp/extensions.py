@@ -27,10 +27,19 @@ from torch.distributed.fsdp._fsdp_extensions import FSDPExtensions
 from torch.distributed.tensor import DTensor
 
 from shardspec.metadata import Box, ConversionError, Layout, Shard, chunk_bounds, chunk_layout
+from shardspec.metadata.dtensor_math import local_pieces
 from shardspec.metadata.shard_metadata import to_sharded_tensor_metadata
 
-from .placements import Placement, Replicate, ShardDim, StridedShardDim, from_torch, to_torch
-from .rules import dtensor_indices, dtensor_layout, fsdp_box, mesh_coords, tp_box
+from .placements import (
+    Placement,
+    Replicate,
+    ShardDim,
+    StridedShardDim,
+    from_torch,
+    to_split,
+    to_torch,
+)
+from .rules import dtensor_layout, fsdp_box, mesh_coords, tp_box
 
 __all__ = ["DTensorExtensions", "install", "mesh_fsdp_layout"]
 
@@ -492,14 +501,18 @@ def gather_fsdp_dim(tensor: DTensor) -> torch.Tensor:
     mesh_shape = tuple(mesh.mesh.shape)
     gathered_pls = list(pls)
     gathered_pls[j] = Replicate()
-    target = dtensor_indices(shape, mesh_shape, gathered_pls, coord)
+    target = [
+        p.indices()
+        for p in local_pieces(shape, mesh_shape, [to_split(p) for p in gathered_pls], coord)
+    ]
     d = pls[j].dim  # type: ignore[union-attr]
     k = mesh_shape[j]
+    splits = [to_split(p) for p in pls]
     peer_idx = []
     for c in range(k):
         pc = list(coord)
         pc[j] = c
-        peer_idx.append(dtensor_indices(shape, mesh_shape, pls, pc)[d])
+        peer_idx.append(local_pieces(shape, mesh_shape, splits, pc)[d].indices())
     width = max(len(ix) for ix in peer_idx)
     pad_shape = list(local.shape)
     pad_shape[d] = width

@@ -1,8 +1,9 @@
-"""DTensor placements as plain values, so the layout rules need no torch.
+"""DTensor placements as plain values, so the FSDP rules need no torch.
 
 ``ShardDim(d)``, ``StridedShardDim(d, split_factor)`` and ``Replicate()`` mirror torch's
 ``Shard``, ``_StridedShard`` and ``Replicate``; :func:`from_torch` and :func:`to_torch` convert
-(importing torch only when called).
+(importing torch only when called). What DTensor makes of a list of them is
+``shardspec.metadata``'s rule (DTENSOR-*), reached through :func:`to_split`.
 """
 
 from __future__ import annotations
@@ -11,8 +12,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardspec.metadata import LayoutError
+from shardspec.metadata.dtensor_math import Split
 
-__all__ = ["Placement", "Replicate", "ShardDim", "StridedShardDim", "from_torch", "to_torch"]
+__all__ = [
+    "Placement",
+    "Replicate",
+    "ShardDim",
+    "StridedShardDim",
+    "from_torch",
+    "to_split",
+    "to_torch",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +64,21 @@ class Replicate:
 
 
 Placement = ShardDim | StridedShardDim | Replicate
+
+
+def to_split(placement: Placement) -> Split | None:
+    """The placement in ``shardspec.metadata.dtensor_math``'s terms (None for Replicate), so
+    one implementation of DTensor's layout rules serves both packages."""
+    if isinstance(placement, Replicate):
+        return None
+    if isinstance(placement, StridedShardDim):
+        return Split(placement.dim, placement.split_factor)
+    if isinstance(placement, ShardDim):
+        return Split(placement.dim)
+    raise LayoutError(
+        f"placement {placement!r} is not a ShardDim, StridedShardDim or Replicate "
+        "(convert torch placements with from_torch)"
+    )
 
 
 def from_torch(placement: Any) -> Placement:

@@ -6,10 +6,11 @@ placement on the ``tp`` mesh dim); FSDP then ``torch.chunk``s each rank's TP pie
 shard dim (always dim 0 for FSDP1) over ``dp``; HSDP's replicate dim copies the result.
 Composing the two chunk rules gives the truth (spec/07-fsdp.md, FSDP-1..3). DTensor's own
 reading of a list of placements (left to right, ``_StridedShard`` included) is
-:func:`dtensor_layout`; FSDP-4/5 say where it and the truth part ways.
+:func:`dtensor_layout`, which hands over to ``shardspec.metadata.dtensor_math`` (DTENSOR-*);
+FSDP-4/5 say where it and the truth part ways.
 
-Empty boxes are canonical: a dim of size 0 sits at offset ``shape[d]`` (CHUNK-2 applied to the
-global tensor), other dims keep their interval.
+Empty FSDP boxes are canonical: a dim of size 0 sits at offset ``shape[d]`` (CHUNK-2 applied to
+the global tensor), other dims keep their interval. Empty DTensor boxes follow DTENSOR-6.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from collections.abc import Sequence
 
 from shardspec.metadata import Box, Layout, LayoutError, Shard, chunk_bounds
 from shardspec.metadata.box import as_index_tuple
+from shardspec.metadata.dtensor_math import local_boxes, mesh_layout
 
-from .placements import Placement, Replicate, ShardDim, StridedShardDim
+from .placements import Placement, Replicate, ShardDim, StridedShardDim, to_split
 
 __all__ = [
     "canonical_box",
@@ -175,54 +177,7 @@ def fsdp2_layout(
     )
 
 
-# DTensor's reading of placements -------------------------------------------------------------
-
-
-def _chunk_list(xs: list[int], k: int) -> list[list[int]]:
-    return [xs[lo:hi] for lo, hi in chunk_bounds(len(xs), k)]
-
-
-def _runs(xs: list[int]) -> list[tuple[int, int]]:
-    """Maximal runs of consecutive integers, in list order, as (start, size)."""
-    out: list[tuple[int, int]] = []
-    for x in xs:
-        if out and out[-1][0] + out[-1][1] == x:
-            out[-1] = (out[-1][0], out[-1][1] + 1)
-        else:
-            out.append((x, 1))
-    return out
-
-
-def dtensor_indices(
-    shape: Sequence[int],
-    mesh_shape: Sequence[int],
-    placements: Sequence[Placement],
-    coord: Sequence[int],
-) -> list[list[int]]:
-    """For each tensor dim, the global indices a mesh coordinate holds, in local order,
-    following DTensor's left-to-right reading of ``placements``."""
-    shp = _check_shape(shape)
-    if len(placements) != len(mesh_shape) or len(coord) != len(mesh_shape):
-        raise LayoutError(
-            f"{len(placements)} placements, mesh shape {tuple(mesh_shape)} and coordinate "
-            f"{tuple(coord)} must have the same length"
-        )
-    idx = [list(range(n)) for n in shp]
-    for mesh_dim, pl in enumerate(placements):
-        if isinstance(pl, Replicate):
-            continue
-        _check_dim(shp, pl.dim, f"placement {pl} on mesh dim {mesh_dim}:")
-        k, c = mesh_shape[mesh_dim], coord[mesh_dim]
-        if not 0 <= c < k:
-            raise LayoutError(f"coordinate {tuple(coord)} is outside mesh {tuple(mesh_shape)}")
-        cur = idx[pl.dim]
-        if isinstance(pl, ShardDim):
-            idx[pl.dim] = _chunk_list(cur, k)[c]
-        else:
-            idx[pl.dim] = [
-                i for piece in _chunk_list(cur, pl.split_factor) for i in _chunk_list(piece, k)[c]
-            ]
-    return idx
+# DTensor's reading of placements: shardspec.metadata's rule (DTENSOR-1..7), not a copy ---------
 
 
 def dtensor_boxes(
@@ -232,18 +187,11 @@ def dtensor_boxes(
     coord: Sequence[int],
 ) -> tuple[Box, ...]:
     """The boxes one mesh coordinate holds under DTensor's reading of ``placements``, in
-    local storage order (row-major over the runs of each dim). A coordinate whose data is
-    one block gets one box; nothing at all gets one canonical empty box."""
+    local storage order (``shardspec.metadata.dtensor_math.local_boxes``, DTENSOR-7): the grid
+    of each dim's runs, an empty piece at its parent's end (DTENSOR-6)."""
     shp = _check_shape(shape)
-    idx = dtensor_indices(shp, mesh_shape, placements, coord)
-    per_dim = [_runs(xs) for xs in idx]
-    if any(not r for r in per_dim):
-        offs = [r[0][0] if r else 0 for r in per_dim]
-        sizes = [sum(s for _, s in r) if len(r) == 1 else (r[0][1] if r else 0) for r in per_dim]
-        return (canonical_box(shp, offs, sizes),)
-    return tuple(
-        Box([o for o, _ in cell], [s for _, s in cell]) for cell in itertools.product(*per_dim)
-    )
+    mshape = as_index_tuple(mesh_shape, "mesh shape")
+    return local_boxes(shp, mshape, [to_split(p) for p in placements], coord)
 
 
 def dtensor_layout(
@@ -252,15 +200,12 @@ def dtensor_layout(
     placements: Sequence[Placement],
     ranks: Sequence[int] | None = None,
 ) -> Layout:
-    """What a DTensor with these placements says every rank holds (FSDP-4)."""
+    """What a DTensor with these placements says every rank holds (FSDP-4), as
+    ``shardspec.metadata.dtensor_layout`` reads it, without torch."""
+    shp = _check_shape(shape)
     mshape = as_index_tuple(mesh_shape, "mesh shape")
     rks = _mesh_ranks(mshape, ranks)
-    shards = [
-        Shard(b, rank)
-        for rank, coord in zip(rks, mesh_coords(mshape))
-        for b in dtensor_boxes(shape, mshape, placements, coord)
-    ]
-    return Layout(_check_shape(shape), shards)
+    return mesh_layout(shp, mshape, rks, [to_split(p) for p in placements])
 
 
 def fsdp2_placements(

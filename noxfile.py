@@ -115,7 +115,7 @@ def cuda_device_count() -> int:
 
 @nox.session
 def conformance_gpu(session: nox.Session) -> None:
-    """The conformance suite on NCCL, one GPU per rank."""
+    """The conformance suite on NCCL, one GPU per rank (the pool starts its own ranks)."""
     _, rest = split_args(session)
     count = cuda_device_count()
     if count < 2:
@@ -132,7 +132,7 @@ def conformance_gpu(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff: lint and formatting."""
-    session.install("ruff>=0.6")
+    session.install("ruff==0.17.6")  # pinned: new ruff releases add rules
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
@@ -140,7 +140,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on every package's src/."""
-    install_stack(session, "mypy>=1.10", "numpy")
+    install_stack(session, "mypy==2.4.1", "numpy")
     srcs = [str(p / "src") for p in packages()]
     session.run("mypy", *srcs)
 

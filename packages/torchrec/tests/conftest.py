@@ -4,9 +4,9 @@ from collections.abc import Iterator
 
 import pytest
 
-# Test helpers of this package (torchrec_oracle, torchrec_strategies, torchrec_ranks,
-# torchrec_cases) are imported by name, also by the spawned ranks; names are unique across
-# the monorepo because pytest runs every package's tests in one process.
+# Test helpers of this package (torchrec_oracle, torchrec_strategies, torchrec_cases) are
+# imported by name, also by the spawned ranks; names are unique across the monorepo because
+# pytest runs every package's tests in one process.
 sys.path.insert(0, os.path.dirname(__file__))
 
 
@@ -17,7 +17,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _pool(world: int, local_size: int) -> Iterator[object]:
-    from torchrec_ranks import RankPool
+    from shardspec.reshard.testing import RankPool
 
     pool = RankPool(world, local_size=local_size)
     try:

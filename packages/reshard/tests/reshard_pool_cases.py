@@ -1,0 +1,57 @@
+"""Rank-side functions for test_testing.py (the RankPool harness itself)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class NotAnException(BaseException):
+    """Like DCP's CheckpointException: a BaseException that is not an Exception."""
+
+
+def all_reduce_rank(rank: int, world: int, extra: int = 0) -> tuple[int, int, float]:
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t)
+    return rank, world + extra, t.item()
+
+
+def environment(rank: int, world: int, name: str) -> str | None:
+    return os.environ.get(name)
+
+
+def raise_on(rank: int, world: int, bad: int, base: bool) -> int:
+    if rank == bad:
+        raise (NotAnException if base else ValueError)(f"bad rank {rank}")
+    return rank
+
+
+def raise_then_collective(rank: int, world: int) -> int:
+    # Rank 0 fails before a collective the others enter: without a grace period they hang.
+    if rank == 0:
+        raise ValueError("rank 0 never joins")
+    dist.barrier()
+    return rank
+
+
+def exit_on(rank: int, world: int, bad: int) -> int:
+    if rank == bad:
+        os._exit(3)
+    return rank
+
+
+def sleep(rank: int, world: int, seconds: float) -> int:
+    time.sleep(seconds)
+    return rank
+
+
+def pid(rank: int, world: int) -> int:
+    return os.getpid()
+
+
+def unpicklable(rank: int, world: int) -> Any:
+    return lambda: rank

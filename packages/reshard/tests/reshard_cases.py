@@ -256,7 +256,11 @@ def count_all_to_all(
 
     def counting(output: torch.Tensor, input: torch.Tensor, *a: Any, **k: Any) -> Any:
         calls[0] += 1
-        calls[2] += input.numel() * input.element_size()
+        # What this rank sends itself (its local pieces, when it receives in place) never
+        # leaves it: count only what crosses to other ranks.
+        splits = k.get("input_split_sizes")
+        own = splits[dist.get_rank(k.get("group"))] if splits else 0
+        calls[2] += input.numel() * input.element_size() - own
         calls[1] = max(
             calls[1], output.numel() * output.element_size(), input.numel() * input.element_size()
         )

@@ -20,6 +20,13 @@ How one call runs on every rank of the group:
 5. The number of rounds is the maximum over ranks of what each rank needs to keep its send
    and its receive buffer within ``max_buffer_bytes`` (agreed in step 2), so all ranks run
    the same number of collectives.
+6. In place, when it can be: with one round, if the bytes this rank receives are contiguous
+   ranges of one contiguous output that follow each other in rank order (and no stream
+   carries padding), the output itself is the collective's receive buffer; likewise a
+   contiguous input is the send buffer when the ranges it sends follow each other in rank
+   order. If only this rank's own (local) pieces break the run, they travel through the
+   collective to itself instead of being copied aside. Either is this rank's own affair: the
+   bytes of every pair's stream and the split sizes are those of the general path.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ def reshard(
     max_buffer_bytes: int | None = None,
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
+    out: Sequence[torch.Tensor] | None = None,
 ) -> list[torch.Tensor]:
     """This rank's shards of ``dst``, in ``dst``'s local order, from its shards of ``src``.
 
@@ -62,8 +70,12 @@ def reshard(
     rank's source tensors in ``src``'s local order (any strides). A rank that holds no source
     shard learns the dtype from the others (or pass ``dtype``); its outputs go to ``device``
     (default: CUDA for an NCCL group, else CPU).
+
+    ``out``: tensors to write the result into (one per destination shard of this rank, of its
+    shape and the tensors' dtype, not overlapping the inputs), which are returned. Checked on
+    every rank before data moves, like the inputs.
     """
-    out = reshard_state_dict(
+    result = reshard_state_dict(
         {"": local_shards},
         {"": src},
         {"": dst},
@@ -71,8 +83,9 @@ def reshard(
         max_buffer_bytes=max_buffer_bytes,
         dtypes=None if dtype is None else {"": dtype},
         device=device,
+        out=None if out is None else {"": out},
     )
-    return out[""]
+    return result[""]
 
 
 def reshard_state_dict(
@@ -84,12 +97,14 @@ def reshard_state_dict(
     max_buffer_bytes: int | None = None,
     dtypes: Mapping[str, torch.dtype] | None = None,
     device: torch.device | str | None = None,
+    out: Mapping[str, Sequence[torch.Tensor]] | None = None,
 ) -> dict[str, list[torch.Tensor]]:
     """:func:`reshard` for many tensors at once: every tensor shares each round's collective.
 
     ``state[key]`` is this rank's list of source shards of tensor ``key`` (empty if it holds
     none). Every rank must pass the same keys and layouts. Returns this rank's destination
-    shards of every key.
+    shards of every key; with ``out`` (same keys), writes them into ``out[key]`` (see
+    :func:`reshard`) and returns those tensors.
     """
     import torch
     import torch.distributed as dist
@@ -98,7 +113,7 @@ def reshard_state_dict(
     world = dist.get_world_size(group)
     if rank < 0:
         raise ReshardError("reshard: this process is not a member of the group it was given")
-    dev = _pick_device(state, device, group)
+    dev = _pick_device(state, device, group, out)
 
     keys: list[str] = []
     error: str | None = None
@@ -109,6 +124,11 @@ def reshard_state_dict(
     need = 0
     try:
         keys = _check_keys(state, src_layouts, dst_layouts)
+        if out is not None and set(out) != set(keys):
+            raise ReshardError(
+                f"out must have the keys of state; missing: {sorted(set(keys) - set(out))}, "
+                f"extra: {sorted(set(out) - set(keys))}"
+            )
         digest = digests(keys, src_layouts, dst_layouts, max_buffer_bytes)
         if max_buffer_bytes is not None and (
             isinstance(max_buffer_bytes, bool)
@@ -120,7 +140,15 @@ def reshard_state_dict(
             )
         for key in keys:
             job, code = _prepare(
-                key, state[key], src_layouts[key], dst_layouts[key], rank, world, dtypes
+                key,
+                state[key],
+                src_layouts[key],
+                dst_layouts[key],
+                rank,
+                world,
+                dtypes,
+                None if out is None else out[key],
+                dev,
             )
             jobs.append(job)
             codes.append(code)
@@ -147,13 +175,14 @@ def reshard_state_dict(
 
     with torch.no_grad():
         for job in jobs:
-            job.outputs = [
-                torch.empty(box.sizes, dtype=job.dtype, device=dev)
-                for box in job.dst.boxes_of(rank)
-            ]
-            for p in job.plan.local(rank):
-                _copy(job, p, job.inputs[p.src_local], job.outputs[p.dst_local])
-        _exchange(streams, rounds, world, group, dev)
+            if job.given is None:
+                job.outputs = [
+                    torch.empty(box.sizes, dtype=job.dtype, device=dev)
+                    for box in job.dst.boxes_of(rank)
+                ]
+            else:
+                job.outputs = job.given
+        _exchange(jobs, streams, rounds, rank, world, group, dev, max_buffer_bytes)
     return {job.key: job.outputs for job in jobs}
 
 
@@ -175,19 +204,21 @@ class _Job:
     dtype: torch.dtype | None = None
     itemsize: int = 0
     outputs: list[torch.Tensor] = field(default_factory=list)
+    given: list[torch.Tensor] | None = None  # the caller's ``out`` tensors
 
 
 def _pick_device(
     state: Mapping[str, Sequence[torch.Tensor]],
     device: torch.device | str | None,
     group: dist.ProcessGroup | None,
+    out: Mapping[str, Sequence[torch.Tensor]] | None = None,
 ) -> torch.device:
     import torch
     import torch.distributed as dist
 
     if device is not None:
         return torch.device(device)
-    for tensors in state.values():
+    for tensors in (*state.values(), *(out or {}).values()):
         for t in tensors:
             if isinstance(t, torch.Tensor):
                 return t.device
@@ -221,6 +252,8 @@ def _prepare(
     rank: int,
     world: int,
     dtypes: Mapping[str, torch.dtype] | None,
+    out: Sequence[torch.Tensor] | None = None,
+    dev: torch.device | None = None,
 ) -> tuple[_Job, int]:
     import torch
 
@@ -262,8 +295,39 @@ def _prepare(
             raise ReshardError(
                 f"{what}local shards on rank {rank} are on {inputs[0].device} and {t.device}"
             )
+    given = None
+    if out is not None:
+        given = list(out)
+        dst_boxes = dst.boxes_of(rank)
+        if len(given) != len(dst_boxes):
+            raise ReshardError(
+                f"{what}rank {rank} passed {len(given)} out tensors but owns {len(dst_boxes)} "
+                f"destination boxes {list(dst_boxes)}"
+            )
+        for i, (t, box) in enumerate(zip(given, dst_boxes)):
+            if not isinstance(t, torch.Tensor):
+                raise ReshardError(
+                    f"{what}out #{i} on rank {rank} is a {type(t).__name__}, not a tensor"
+                )
+            if tuple(t.shape) != box.sizes:
+                raise ReshardError(
+                    f"{what}out #{i} on rank {rank} has shape {tuple(t.shape)} but its "
+                    f"destination box {box} has sizes {box.sizes}"
+                )
+            # A rank without source shards learns the dtype from its out tensors; a clash
+            # with another rank's dtype is then caught by the dtype agreement.
+            if dtype is None:
+                dtype = t.dtype
+            elif t.dtype != dtype:
+                raise ReshardError(
+                    f"{what}out #{i} on rank {rank} has dtype {t.dtype}, expected {dtype}"
+                )
+            if dev is not None and t.device != dev:
+                raise ReshardError(
+                    f"{what}out #{i} on rank {rank} is on {t.device}, the outputs go to {dev}"
+                )
     code = dtype_code(dtype) if dtype is not None else 0
-    return _Job(key, src, dst, p, inputs), code
+    return _Job(key, src, dst, p, inputs, given=given), code
 
 
 def _rel(
@@ -308,6 +372,18 @@ def _streams(jobs: list[_Job], rank: int, world: int, sending: bool) -> list[lis
     return streams
 
 
+def _local_stream(jobs: list[_Job], rank: int) -> list[_Entry]:
+    """This rank's local pieces laid out as a stream to itself (same format as a pair's)."""
+    entries: list[_Entry] = []
+    end = 0
+    for job in jobs:
+        for p in job.plan.local(rank):
+            nbytes = p.numel * job.itemsize
+            entries.append(_Entry(job, p, end, nbytes))
+            end = _align(end + nbytes)
+    return entries
+
+
 def _stream_len(entries: list[_Entry]) -> int:
     return _align(entries[-1].offset + entries[-1].nbytes) if entries else 0
 
@@ -338,38 +414,154 @@ class _Streams:
         return max(_rounds_needed(self.send_len, budget), _rounds_needed(self.recv_len, budget))
 
 
+# How often an exchange used a tensor itself as the receive / send buffer on this process: a
+# debug hook for the tests (the only way to tell the paths apart from outside is memory).
+DIRECT_COUNTS = {"recv": 0, "send": 0, "self": 0}
+
+_Span = tuple["torch.Tensor", int, int]  # a contiguous tensor and a byte range [lo, hi) of it
+
+
+def _piece_bytes(
+    t: torch.Tensor, outer: tuple[int, ...], p: Piece, itemsize: int
+) -> tuple[int, int] | None:
+    """The byte range of piece ``p`` in the contiguous tensor ``t`` (whose box starts at
+    ``outer``), or None if the piece is not one contiguous range of it."""
+    stride = 1
+    first = last = 0
+    for size, o, po, ps in reversed(list(zip(t.shape, outer, p.offsets, p.sizes))):
+        first += (po - o) * stride
+        last += (po - o + ps - 1) * stride
+        stride *= size
+    if last - first + 1 != p.numel:
+        return None
+    return first * itemsize, (last + 1) * itemsize
+
+
+def _span(streams: list[list[_Entry]], sending: bool) -> _Span | None:
+    """One contiguous tensor and byte range that holds every stream back to back, in order,
+    or None. Streams must carry no padding: every piece a multiple of _ALIGN bytes."""
+    tensor: torch.Tensor | None = None
+    started = False
+    lo = hi = 0
+    for entries in streams:
+        for e in entries:
+            if e.nbytes == 0:
+                continue
+            if e.nbytes % _ALIGN:
+                return None
+            job, p = e.job, e.piece
+            if sending:
+                t = job.inputs[p.src_local]
+                outer = job.src.shards[p.src_shard].box.offsets
+            else:
+                t = job.outputs[p.dst_local]
+                outer = job.dst.shards[p.dst_shard].box.offsets
+            if tensor is None:
+                if not t.is_contiguous():
+                    return None
+                tensor = t
+            elif t is not tensor:
+                return None
+            r = _piece_bytes(t, outer, p, job.itemsize)
+            if r is None:
+                return None
+            if not started:
+                started, lo, hi = True, r[0], r[0]
+            if r[0] != hi:
+                return None
+            hi = r[1]
+    if tensor is None:
+        return None
+    return tensor, lo, hi
+
+
+def _with_self(streams: list[list[_Entry]], rank: int, mine: list[_Entry]) -> list[list[_Entry]]:
+    out = list(streams)
+    out[rank] = mine
+    return out
+
+
+def _flat_bytes(span: _Span) -> torch.Tensor:
+    import torch
+
+    t, lo, hi = span
+    return t.reshape(-1).view(torch.uint8)[lo:hi]
+
+
 def _exchange(
+    jobs: list[_Job],
     streams: _Streams,
     rounds: int,
+    rank: int,
     world: int,
     group: dist.ProcessGroup | None,
     dev: torch.device,
+    budget: int | None,
 ) -> None:
     import torch
     import torch.distributed as dist
 
+    sends, recvs = streams.sends, streams.recvs
+    send_len, recv_len = list(streams.send_len), list(streams.recv_len)
+    recv_span = send_span = None
+    via_self = False
+    if rounds == 1:
+        mine = _local_stream(jobs, rank)
+        mine_len = _stream_len(mine)
+        recv_span = _span(recvs, sending=False)
+        send_span = _span(sends, sending=True)
+        # Sending the local pieces to ourselves must keep both buffers within the budget.
+        fits = budget is None or max(sum(send_len), sum(recv_len)) + mine_len <= budget
+        if recv_span is None and mine_len and fits and _span([mine], sending=False):
+            # The local pieces sit between the received ones: send them to ourselves.
+            both = _span(_with_self(recvs, rank, mine), sending=False)
+            if both is not None:
+                recv_span, via_self = both, True
+                send_span = _span(_with_self(sends, rank, mine), sending=True)
+        if not via_self and send_span is None and recv_span is None and mine_len and fits:
+            send_span = _span(_with_self(sends, rank, mine), sending=True)
+            via_self = send_span is not None
+        if via_self:
+            sends, recvs = _with_self(sends, rank, mine), _with_self(recvs, rank, mine)
+            send_len[rank] = recv_len[rank] = mine_len
+            DIRECT_COUNTS["self"] += 1
+    if not via_self:
+        for job in jobs:
+            for p in job.plan.local(rank):
+                _copy(job, p, job.inputs[p.src_local], job.outputs[p.dst_local])
     if rounds == 0:
         return
-    sends, recvs = streams.sends, streams.recvs
-    send_len, recv_len = streams.send_len, streams.recv_len
     send_q = [_align(-(-n // rounds)) for n in send_len]
     recv_q = [_align(-(-n // rounds)) for n in recv_len]
-    send_buf = torch.empty(
-        sum(min(q, n) for q, n in zip(send_q, send_len)), dtype=torch.uint8, device=dev
-    )
-    recv_buf = torch.empty(
-        sum(min(q, n) for q, n in zip(recv_q, recv_len)), dtype=torch.uint8, device=dev
-    )
+    if send_span is None:
+        send_buf = torch.empty(
+            sum(min(q, n) for q, n in zip(send_q, send_len)), dtype=torch.uint8, device=dev
+        )
+    else:
+        send_buf = _flat_bytes(send_span)
+        assert send_buf.numel() == sum(send_len)
+        DIRECT_COUNTS["send"] += 1
+    if recv_span is None:
+        recv_buf = torch.empty(
+            sum(min(q, n) for q, n in zip(recv_q, recv_len)), dtype=torch.uint8, device=dev
+        )
+    else:
+        recv_buf = _flat_bytes(recv_span)
+        assert recv_buf.numel() == sum(recv_len)
+        DIRECT_COUNTS["recv"] += 1
     send_ptr = [0] * world
     recv_ptr = [0] * world
     for t in range(rounds):
         in_splits = _windows(send_q, send_len, t)
         out_splits = _windows(recv_q, recv_len, t)
-        base = 0
-        for peer in range(world):
-            lo, hi = t * send_q[peer], t * send_q[peer] + in_splits[peer]
-            send_ptr[peer] = _walk(sends[peer], send_ptr[peer], lo, hi, send_buf, base, pack=True)
-            base += in_splits[peer]
+        if send_span is None:
+            base = 0
+            for peer in range(world):
+                lo, hi = t * send_q[peer], t * send_q[peer] + in_splits[peer]
+                send_ptr[peer] = _walk(
+                    sends[peer], send_ptr[peer], lo, hi, send_buf, base, pack=True
+                )
+                base += in_splits[peer]
         dist.all_to_all_single(
             recv_buf[: sum(out_splits)],
             send_buf[: sum(in_splits)],
@@ -377,11 +569,14 @@ def _exchange(
             input_split_sizes=in_splits,
             group=group,
         )
-        base = 0
-        for peer in range(world):
-            lo, hi = t * recv_q[peer], t * recv_q[peer] + out_splits[peer]
-            recv_ptr[peer] = _walk(recvs[peer], recv_ptr[peer], lo, hi, recv_buf, base, pack=False)
-            base += out_splits[peer]
+        if recv_span is None:
+            base = 0
+            for peer in range(world):
+                lo, hi = t * recv_q[peer], t * recv_q[peer] + out_splits[peer]
+                recv_ptr[peer] = _walk(
+                    recvs[peer], recv_ptr[peer], lo, hi, recv_buf, base, pack=False
+                )
+                base += out_splits[peer]
 
 
 def _windows(q: list[int], lengths: list[int], t: int) -> list[int]:

@@ -1,0 +1,29 @@
+"""Rank-side functions for the in-place (direct) exchange tests: run a reshard and report how
+often this process used a tensor itself as the collective's receive or send buffer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from shardspec.metadata import Layout
+from shardspec.reshard import executor, reshard
+
+
+def run_counted(
+    rank: int,
+    world: int,
+    inputs: list[torch.Tensor],
+    src: Layout,
+    dst: Layout,
+    kwargs: dict[str, Any],
+) -> tuple[list[torch.Tensor], dict[str, int], bool]:
+    """The outputs, the direct-path counters this call added, and whether the returned
+    tensors are the ``out`` tensors themselves (when ``out`` was given)."""
+    before = dict(executor.DIRECT_COUNTS)
+    res = reshard(inputs, src, dst, **kwargs)
+    delta = {k: executor.DIRECT_COUNTS[k] - before[k] for k in before}
+    given = kwargs.get("out")
+    same = given is not None and all(a is b for a, b in zip(res, given))
+    return res, delta, same

@@ -1,0 +1,195 @@
+"""The in-place exchange (the output is the collective's receive buffer, a contiguous input
+its send buffer) and ``out=``, on 4 gloo ranks, against the reference bit for bit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from reshard_cases import DTYPES, noncontig, random_tensor
+from reshard_direct_cases import run_counted
+
+from shardspec.metadata import Layout, chunk_layout
+from shardspec.reshard import reference
+from shardspec.reshard.testing import RankPool
+
+WORLD = 4
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[RankPool]:
+    p = RankPool(WORLD, timeout=120)
+    yield p
+    p.close()
+
+
+def _inputs(src: Layout, full: torch.Tensor, contiguous: bool = True) -> list[list[torch.Tensor]]:
+    return [
+        [
+            full[b.slices()].clone() if contiguous else noncontig(full[b.slices()], r)
+            for b in src.boxes_of(r)
+        ]
+        for r in range(WORLD)
+    ]
+
+
+def _run(
+    pool: RankPool,
+    src: Layout,
+    dst: Layout,
+    full: torch.Tensor,
+    kwargs: list[dict[str, Any]] | None = None,
+    contiguous: bool = True,
+) -> list[dict[str, int]]:
+    ins = _inputs(src, full, contiguous)
+    kw = kwargs or [{} for _ in range(WORLD)]
+    answers = pool.run(run_counted, per_rank=[(ins[r], src, dst, kw[r]) for r in range(WORLD)])
+    want = reference.reshard({r: ins[r] for r in range(WORLD)}, src, dst)
+    for r, (got, _, _) in enumerate(answers):
+        assert len(got) == len(want.get(r, []))
+        for a, b in zip(got, want.get(r, [])):
+            assert reference.same_bits(a, b), f"rank {r}: {a} should be {b} ({src} -> {dst})"
+    return [a[1] for a in answers]
+
+
+# Shapes whose every received piece is a multiple of 16 bytes even for 1-byte dtypes, so the
+# byte streams carry no alignment padding: even, uneven rows, uneven columns.
+DIRECT_SHAPES = [(16, 16), (30, 32), (32, 30)]
+
+
+@pytest.mark.rule("RESHARD-1")
+@pytest.mark.parametrize("shape", DIRECT_SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rows_to_columns_receive_in_place(
+    pool: RankPool, shape: tuple[int, int], dtype: torch.dtype
+) -> None:
+    src, dst = chunk_layout(shape, 0, range(WORLD)), chunk_layout(shape, 1, range(WORLD))
+    counts = _run(pool, src, dst, random_tensor(shape, dtype, 7))
+    # Rows arrive in rank order, each a whole block of the output: every rank receives in
+    # place; ranks 1 and 2 own rows in the middle, so they send those to themselves.
+    assert [c["recv"] for c in counts] == [1, 1, 1, 1]
+    assert [c["self"] for c in counts] == [0, 1, 1, 0]
+
+
+@pytest.mark.rule("RESHARD-1")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool, torch.complex64, torch.bfloat16])
+def test_columns_to_rows_send_in_place(pool: RankPool, dtype: torch.dtype) -> None:
+    shape = (32, 30)
+    src, dst = chunk_layout(shape, 1, range(WORLD)), chunk_layout(shape, 0, range(WORLD))
+    counts = _run(pool, src, dst, random_tensor(shape, dtype, 8))
+    assert [c["send"] for c in counts] == [1, 1, 1, 1]
+    assert [c["recv"] for c in counts] == [0, 0, 0, 0]
+
+
+@pytest.mark.rule("RESHARD-1", "RESHARD-6")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool, torch.complex64, torch.bfloat16])
+def test_non_contiguous_inputs_and_budgets(pool: RankPool, dtype: torch.dtype) -> None:
+    shape = (30, 32)
+    full = random_tensor(shape, dtype, 9)
+    src, dst = chunk_layout(shape, 0, range(WORLD)), chunk_layout(shape, 1, range(WORLD))
+    counts = _run(pool, src, dst, full, contiguous=False)
+    assert [c["recv"] for c in counts] == [1, 1, 1, 1]
+    # A budget that one round fits: still in place.
+    roomy = [{"max_buffer_bytes": 1 << 20} for _ in range(WORLD)]
+    counts = _run(pool, src, dst, full, roomy, contiguous=False)
+    assert [c["recv"] for c in counts] == [1, 1, 1, 1]
+    # Several rounds cut every pair's stream into windows: the general path, same result.
+    tight = [{"max_buffer_bytes": 64} for _ in range(WORLD)]
+    counts = _run(pool, src, dst, full, tight, contiguous=False)
+    assert [c["recv"] + c["send"] + c["self"] for c in counts] == [0, 0, 0, 0]
+    # Reversed, with non-contiguous inputs: nothing to send in place.
+    counts = _run(pool, dst, src, full, contiguous=False)
+    assert [c["send"] for c in counts] == [0, 0, 0, 0]
+
+
+@pytest.mark.rule("RESHARD-1")
+def test_padded_streams_take_the_general_path(pool: RankPool) -> None:
+    # (13, 7) float32: rows 4, 4, 4, 1 and columns 2, 2, 2, 1. Ranks 0-2 receive 8 bytes from
+    # rank 3 (padded to 16 on the wire), so they cannot receive in place; rank 3 receives
+    # 4 x 1 x 4 = 16 bytes from each, no padding, and does. Each rank decides for itself.
+    shape = (13, 7)
+    src, dst = chunk_layout(shape, 0, range(WORLD)), chunk_layout(shape, 1, range(WORLD))
+    counts = _run(pool, src, dst, random_tensor(shape, torch.float32, 10))
+    assert [c["recv"] for c in counts] == [0, 0, 0, 1]
+
+
+def _outs(dst: Layout, dtype: torch.dtype, contiguous: bool = True) -> list[list[torch.Tensor]]:
+    return [
+        [
+            torch.full(b.sizes, 3, dtype=dtype)
+            if contiguous
+            else noncontig(torch.full(b.sizes, 3, dtype=dtype), 0)
+            for b in dst.boxes_of(r)
+        ]
+        for r in range(WORLD)
+    ]
+
+
+@pytest.mark.rule("RESHARD-1")
+@pytest.mark.parametrize("contiguous", [True, False])
+@pytest.mark.parametrize("shape", [(16, 16), (13, 7), (3, 5)])
+def test_out_receives_the_result(pool: RankPool, shape: tuple[int, int], contiguous: bool) -> None:
+    src = chunk_layout(shape, 0, range(WORLD))
+    dst = chunk_layout(shape, 1, [0, 2, 3])  # rank 1 gets nothing: out=[]
+    full = random_tensor(shape, torch.float32, 11)
+    ins = _inputs(src, full)
+    outs = _outs(dst, torch.float32, contiguous)
+    answers = pool.run(
+        run_counted, per_rank=[(ins[r], src, dst, {"out": outs[r]}) for r in range(WORLD)]
+    )
+    want = reference.reshard({r: ins[r] for r in range(WORLD)}, src, dst)
+    for r, (got, counts, same) in enumerate(answers):
+        assert same, f"rank {r} did not return its out tensors"
+        assert len(got) == len(want.get(r, []))
+        for a, b in zip(got, want.get(r, [])):
+            assert reference.same_bits(a, b)
+        if not contiguous:
+            assert counts["recv"] == 0
+
+
+def _all_raise(answers: list[tuple[str, ...]], *needles: str) -> None:
+    assert all(a[0] == "err" for a in answers), f"not every rank raised: {answers}"
+    messages = {a[2] for a in answers}
+    assert len(messages) == 1, messages
+    msg = messages.pop()
+    for n in needles:
+        assert n in msg, f"{n!r} not in {msg!r}"
+
+
+@pytest.mark.rule("RESHARD-5")
+def test_bad_out_on_one_rank_raises_everywhere(pool: RankPool) -> None:
+    shape = (8, 4)
+    src, dst = chunk_layout(shape, 0, range(WORLD)), chunk_layout(shape, 1, range(WORLD))
+    ins = _inputs(src, random_tensor(shape, torch.float32, 12))
+    good = _outs(dst, torch.float32)
+
+    def args(bad_rank: int, bad: list[torch.Tensor]) -> list[tuple[Any, ...]]:
+        return [
+            (ins[r], src, dst, {"out": bad if r == bad_rank else good[r]}) for r in range(WORLD)
+        ]
+
+    _all_raise(pool.run_all(run_counted, per_rank=args(1, [torch.zeros(8, 2)])), "rank 1", "out #0")
+    _all_raise(
+        pool.run_all(run_counted, per_rank=args(2, [torch.zeros(8, 1, dtype=torch.float64)])),
+        "rank 2",
+        "torch.float64",
+    )
+    _all_raise(pool.run_all(run_counted, per_rank=args(3, [])), "rank 3", "0 out tensors")
+    # Nothing was left half-sent: the group still works, and the good outs were not touched.
+    ok = pool.run(run_counted, per_rank=args(0, good[0]))
+    assert all(same for _, _, same in ok)
+
+
+@pytest.mark.rule("RESHARD-5")
+def test_out_dtype_of_a_rank_without_sources_is_agreed(pool: RankPool) -> None:
+    shape = (8, 4)
+    src = chunk_layout(shape, 0, [0, 1])  # ranks 2 and 3 hold nothing, learn the dtype
+    dst = chunk_layout(shape, 1, range(WORLD))
+    full = random_tensor(shape, torch.float32, 13)
+    ins = _inputs(src, full)
+    outs = _outs(dst, torch.float32)
+    outs[3] = [torch.zeros(8, 1, dtype=torch.int32)]
+    args = [(ins[r], src, dst, {"out": outs[r]}) for r in range(WORLD)]
+    _all_raise(pool.run_all(run_counted, per_rank=args), "dtype", "torch.int32")

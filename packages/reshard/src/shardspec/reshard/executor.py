@@ -9,7 +9,7 @@ How one call runs on every rank of the group:
    of the dtypes and the rounds it needs are all-gathered: usually the only extra collective.
    Otherwise the dtypes are gathered and the rounds all-reduced. Any problem raises the same
    error on every rank before data moves.
-3. Local pieces are copied directly into the outputs (never sent).
+3. Local pieces are copied directly into the outputs (never sent to another rank).
 4. Everything else travels as one byte stream per (sender, receiver) pair: the pieces of
    every tensor in key order, then wire order, each starting at a 16-byte boundary so that a
    slice of the byte buffer can be viewed as any dtype. Round ``t`` moves the ``t``-th window

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from shardspec.metadata import Layout
-from shardspec.reshard import executor, reshard
+from shardspec.reshard import executor, reshard, reshard_state_dict
 
 
 def run_counted(
@@ -27,3 +27,17 @@ def run_counted(
     given = kwargs.get("out")
     same = given is not None and all(a is b for a, b in zip(res, given))
     return res, delta, same
+
+
+def run_state_dict_out(
+    rank: int,
+    world: int,
+    state: dict[str, list[torch.Tensor]],
+    src: dict[str, Layout],
+    dst: dict[str, Layout],
+    out: dict[str, list[torch.Tensor]],
+) -> tuple[dict[str, list[torch.Tensor]], bool]:
+    """reshard_state_dict into ``out``; also whether it returned the out tensors themselves."""
+    res = reshard_state_dict(state, src, dst, out=out)
+    same = all(a is b for k in out for a, b in zip(res[k], out[k]))
+    return res, same and set(res) == set(out)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 from reshard_cases import DTYPES, noncontig, random_tensor
-from reshard_direct_cases import run_counted
+from reshard_direct_cases import run_counted, run_state_dict_out
 
 from shardspec.metadata import Layout, chunk_layout
 from shardspec.reshard import reference
@@ -193,3 +193,35 @@ def test_out_dtype_of_a_rank_without_sources_is_agreed(pool: RankPool) -> None:
     outs[3] = [torch.zeros(8, 1, dtype=torch.int32)]
     args = [(ins[r], src, dst, {"out": outs[r]}) for r in range(WORLD)]
     _all_raise(pool.run_all(run_counted, per_rank=args), "dtype", "torch.int32")
+
+
+@pytest.mark.rule("RESHARD-1", "RESHARD-5")
+def test_state_dict_out(pool: RankPool) -> None:
+    shapes = {"a": (16, 16), "b": (5, 3)}
+    dtypes = {"a": torch.bfloat16, "b": torch.complex64}
+    src = {k: chunk_layout(s, 0, range(WORLD)) for k, s in shapes.items()}
+    dst = {k: chunk_layout(s, 1, range(WORLD)) for k, s in shapes.items()}
+    full = {k: random_tensor(s, dtypes[k], 14) for k, s in shapes.items()}
+    states = [{k: _inputs(src[k], full[k])[r] for k in shapes} for r in range(WORLD)]
+    outs = [{k: _outs(dst[k], dtypes[k])[r] for k in shapes} for r in range(WORLD)]
+    answers = pool.run(
+        run_state_dict_out,
+        per_rank=[(states[r], src, dst, outs[r]) for r in range(WORLD)],
+    )
+    for k in shapes:
+        want = reference.reshard({r: states[r][k] for r in range(WORLD)}, src[k], dst[k])
+        for r, (got, same) in enumerate(answers):
+            assert same
+            assert len(got[k]) == len(want.get(r, []))
+            for a, b in zip(got[k], want.get(r, [])):
+                assert reference.same_bits(a, b), f"{k} on rank {r}"
+    # A missing key on one rank: every rank raises.
+    bad = [dict(outs[r]) for r in range(WORLD)]
+    del bad[2]["b"]
+    _all_raise(
+        pool.run_all(
+            run_state_dict_out, per_rank=[(states[r], src, dst, bad[r]) for r in range(WORLD)]
+        ),
+        "rank 2",
+        "missing: ['b']",
+    )

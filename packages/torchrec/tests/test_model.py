@@ -162,6 +162,16 @@ def test_reshard_between_plans_on_4_ranks(ranks4: Any) -> None:
     no_failures(ranks4.run(cases.check_pairs, PAIRS_4))
 
 
+@pytest.mark.rule("TORCHREC-17")
+def test_reshard_writes_the_destination_weights_in_place_on_2_ranks(ranks2: Any) -> None:
+    no_failures(ranks2.run(cases.check_in_place, PAIRS_2))
+
+
+@pytest.mark.rule("TORCHREC-17")
+def test_reshard_writes_the_destination_weights_in_place_on_4_ranks(ranks4: Any) -> None:
+    no_failures(ranks4.run(cases.check_in_place, PAIRS_4[:2]))
+
+
 @pytest.mark.rule("TORCHREC-18")
 def test_loading_shards_of_another_plan_is_refused_on_every_rank(ranks4: Any) -> None:
     per_rank = ranks4.run(cases.check_refusal, PLANS_4["row_wise"], PLANS_4["table_wise"])

@@ -291,3 +291,84 @@ def wrapper_dcp_round_trip(
                 bad.append(f"case {i} ({src} -> {dst}, {dtype_name}): rank {rank} box {b} wrong")
         dist.barrier()
     return bad
+
+
+def _kernel_storages(module: Any) -> set[int]:
+    """Storages of the model's own parameters and buffers (the fused kernel's weights)."""
+    import itertools
+
+    ptrs = set()
+    for t in itertools.chain(module.parameters(), module.buffers()):
+        try:
+            ptrs.add(t.untyped_storage().data_ptr())
+        except Exception:  # ShardedTensor / DTensor parameters have no storage of their own
+            continue
+    return ptrs
+
+
+def _spy(real: Any, calls: list[dict[str, Any]], bad: list[str], tag: str) -> Any:
+    """``real`` (reshard_state_dict), recording its keyword arguments and checking that with
+    ``out`` it returns the very tensors it was given."""
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        result = real(*args, **kwargs)
+        out = kwargs.get("out")
+        for k in out or {}:
+            if any(r is not o for r, o in zip(result[k], out[k], strict=True)):
+                bad.append(f"{tag}: {k} result is not the out tensors")
+        return result
+
+    return spy
+
+
+def check_in_place(rank: int, world: int, pairs: list[Any]) -> list[str]:
+    """reshard_model hands the destination's own weight tensors to the executor as ``out`` and
+    the model's storage is what changes; a reshard of a model into itself (sources and
+    destinations overlap) falls back to receiving into new tensors, with the same result."""
+    from unittest import mock
+
+    import shardspec.torchrec.model as model
+
+    weights = global_weights(2)
+    bad: list[str] = []
+    for name, src_spec, dst_spec, src_dt, dst_dt in pairs:
+        src = shard_with(src_spec, output_dtensor=src_dt)
+        fill(src, weights)
+        dst = shard_with(dst_spec, output_dtensor=dst_dt)
+        with torch.no_grad():
+            for pieces in torchrec_local_pieces(dst).values():
+                for _, t in pieces:
+                    t.fill_(float("nan"))
+        kernel = _kernel_storages(dst)
+        before = {k: [t.data_ptr() for _, t in v] for k, v in torchrec_local_pieces(dst).items()}
+        calls: list[dict[str, Any]] = []
+        spy = _spy(model.reshard_state_dict, calls, bad, f"{name}: rank {rank}")
+        with mock.patch.object(model, "reshard_state_dict", spy):
+            model.reshard_model(src, dst)
+        outs = [c["out"] for c in calls if c.get("out") is not None]
+        if len(calls) != 1 or len(outs) != 1 or set(outs[0]) != set(before):
+            bad.append(f"{name}: rank {rank} expected one call with out= for every table: {calls}")
+            continue
+        for k, tensors in outs[0].items():
+            mine = zip(before[k], torchrec_local_pieces(dst)[k])
+            if sorted(t.data_ptr() for t in tensors if t.numel()) != sorted(
+                p for p, (_, t) in mine if t.numel()
+            ):
+                bad.append(f"{name}: rank {rank} out for {k} is not the model's tensors")
+            if any(t.untyped_storage().data_ptr() not in kernel for t in tensors if t.numel()):
+                bad.append(f"{name}: rank {rank} out for {k} is not the model's storage")
+        after = {k: [t.data_ptr() for _, t in v] for k, v in torchrec_local_pieces(dst).items()}
+        if after != before:
+            bad.append(f"{name}: rank {rank} the destination's weights moved: {before} {after}")
+        bad += _compare_shards(dst, layouts_of(dst_spec), weights, rank, name)
+        bad += _compare_forward(dst, weights, rank, name)
+        # Into itself: every destination tensor is a source tensor, so no table goes in place.
+        calls.clear()
+        with mock.patch.object(model, "reshard_state_dict", spy):
+            model.reshard_model(dst, dst)
+        if [c.get("out") for c in calls] != [None]:
+            bad.append(f"{name}: rank {rank} a self-reshard wrote into its own inputs: {calls}")
+        bad += _compare_shards(dst, layouts_of(dst_spec), weights, rank, f"{name} (self)")
+        bad += _compare_forward(dst, weights, rank, f"{name} (self)")
+    return bad

@@ -7,7 +7,9 @@
 2. :func:`reshard_model` reads the source and the destination model, plans every table with
    :func:`shardspec.reshard.plan` and moves all of them together with
    :func:`shardspec.reshard.reshard_state_dict` (one ``all_to_all_single`` per round for the
-   whole model), then copies the result into the destination model's own tensors.
+   whole model), receiving straight into the destination model's own tensors (the storage
+   behind its state dict, e.g. the fused kernel's weights) where that is safe, and into new
+   tensors that are then copied into the model elsewhere.
 3. :func:`load_state` loads ``TableState``\\ s into a model, refusing (on every rank alike)
    any table whose layout is not the model's.
 
@@ -195,6 +197,88 @@ def _copy_into(target: Mapping[str, TableState], states: Mapping[str, TableState
                 d.copy_(s)
 
 
+def _storages(module: Any) -> set[int] | None:
+    """Data pointers of the storages behind a module's parameters and buffers (non-persistent
+    ones too: the fused kernel keeps its weights there), or None for a bare state dict."""
+    import itertools
+
+    if not hasattr(module, "parameters") or not hasattr(module, "buffers"):
+        return None
+    ptrs = set()
+    for t in itertools.chain(module.parameters(), module.buffers()):
+        try:
+            ptrs.add(t.untyped_storage().data_ptr())
+        except Exception:  # a wrapper subclass (ShardedTensor, DTensor) has no storage
+            continue
+    return ptrs
+
+
+def _storage_ptr(t: torch.Tensor) -> int | None:
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except Exception:
+        return None
+
+
+def _in_place_keys(
+    src: Mapping[str, TableState],
+    dst: Mapping[str, TableState],
+    dst_module: Any,
+    group: dist.ProcessGroup | None,
+) -> set[str]:
+    """The tables whose destination tensors can receive the reshard directly, agreed by every
+    rank (the executor needs the same keys with ``out`` everywhere).
+
+    A table qualifies when, on every rank, each destination tensor is a plain tensor that
+    writes through to the model (its storage is one of the model's parameters or buffers: a
+    state dict may hold copies, which would leave the weights unchanged), shares no storage
+    with a source tensor (the reshard must not read what it has written) and has the source
+    dtype and the tensors' device (the executor writes in the source dtype).
+    """
+    import torch
+    import torch.distributed as dist
+
+    from shardspec.reshard.agreement import dtype_code
+
+    keys = sorted(dst)
+    if not keys:
+        return set()
+    owned = _storages(dst_module)
+    src_ptrs = {_storage_ptr(t) for st in src.values() for t in st.shards}
+    devices = {t.device for st in (*src.values(), *dst.values()) for t in st.shards}
+    device = next(iter(devices)) if len(devices) == 1 else torch.device("cpu")
+
+    def code(ts: list[torch.Tensor]) -> int:
+        try:
+            return dtype_code(ts[0].dtype) if ts else 0
+        except ReshardError:
+            return -1
+
+    # Per key: [refused here, source dtype code, destination dtype code]; MAX over the group.
+    rows = []
+    for k in keys:
+        refused = len(devices) > 1
+        for t in dst[k].shards:
+            if t.numel() == 0:
+                continue  # nothing is written into it
+            ptr = _storage_ptr(t)
+            plain = type(t) in (torch.Tensor, torch.nn.Parameter)
+            foreign = owned is not None and ptr not in owned
+            if not plain or ptr is None or ptr in src_ptrs or foreign:
+                refused = True
+        s_code, d_code = code(src[k].shards), code(dst[k].shards)
+        if -1 in (s_code, d_code) or len({t.dtype for t in dst[k].shards}) > 1:
+            refused = True
+        rows.append([int(refused), s_code, d_code])
+    flags = torch.tensor(rows, dtype=torch.int64, device=device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+    return {
+        k
+        for k, (refused, s_code, d_code) in zip(keys, flags.tolist())
+        if not refused and (s_code == d_code or 0 in (s_code, d_code))
+    }
+
+
 def reshard_model(
     src: Any,
     dst: Any,
@@ -208,16 +292,33 @@ def reshard_model(
     Both models hold the same tensors (keys and shapes; ``keys`` restricts to some) under any
     two plans: other sharding types, rank order, number of ranks used. Returns
     ``{key: (source layout, destination layout)}``.
+
+    The destination's weights are written in place: tables whose state dict tensors write
+    through to the model receive the data directly (no second copy of the model in memory);
+    the others receive into new tensors copied into the model afterwards.
     """
     key_list = None if keys is None else sorted(keys)
     src_states = read_state(src, group, keys=key_list)
     dst_states = read_state(dst, group, keys=key_list)
     _check_same_tables(src_states, dst_states)
-    moved = reshard_states(
-        src_states,
-        {k: s.layout for k, s in dst_states.items()},
-        group,
-        max_buffer_bytes=max_buffer_bytes,
-    )
-    _copy_into(dst_states, moved)
+    direct = _in_place_keys(src_states, dst_states, dst, group)
+    dst_layouts = {k: s.layout for k, s in dst_states.items()}
+    if direct:
+        reshard_state_dict(
+            {k: src_states[k].shards for k in sorted(direct)},
+            {k: src_states[k].layout for k in sorted(direct)},
+            {k: dst_layouts[k] for k in sorted(direct)},
+            group,
+            max_buffer_bytes=max_buffer_bytes,
+            out={k: dst_states[k].shards for k in sorted(direct)},
+        )
+    rest = sorted(set(src_states) - direct)
+    if rest:
+        moved = reshard_states(
+            {k: src_states[k] for k in rest},
+            {k: dst_layouts[k] for k in rest},
+            group,
+            max_buffer_bytes=max_buffer_bytes,
+        )
+        _copy_into({k: dst_states[k] for k in rest}, moved)
     return {k: (src_states[k].layout, dst_states[k].layout) for k in sorted(src_states)}

@@ -41,3 +41,17 @@ def run_state_dict_out(
     res = reshard_state_dict(state, src, dst, out=out)
     same = all(a is b for k in out for a, b in zip(res[k], out[k]))
     return res, same and set(res) == set(out)
+
+
+def run_state_dict_counted(
+    rank: int,
+    world: int,
+    state: dict[str, list[torch.Tensor]],
+    src: dict[str, Layout],
+    dst: dict[str, Layout],
+    kwargs: dict[str, Any],
+) -> tuple[dict[str, list[torch.Tensor]], dict[str, int]]:
+    """reshard_state_dict's result and the direct-path counters this call added."""
+    before = dict(executor.DIRECT_COUNTS)
+    res = reshard_state_dict(state, src, dst, **kwargs)
+    return res, {k: executor.DIRECT_COUNTS[k] - before[k] for k in before}

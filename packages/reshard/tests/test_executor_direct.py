@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 from reshard_cases import DTYPES, noncontig, random_tensor
-from reshard_direct_cases import run_counted, run_state_dict_out
+from reshard_direct_cases import run_counted, run_state_dict_counted, run_state_dict_out
 
 from shardspec.metadata import Layout, chunk_layout
 from shardspec.reshard import reference
@@ -54,8 +54,8 @@ def _run(
     return [a[1] for a in answers]
 
 
-# Shapes whose every received piece is a multiple of 16 bytes even for 1-byte dtypes, so the
-# byte streams carry no alignment padding: even, uneven rows, uneven columns.
+# Shapes whose every received piece is a multiple of 16 bytes even for 1-byte dtypes: even,
+# uneven rows, uneven columns (odd-sized pieces: UNEVEN_SHAPES below).
 DIRECT_SHAPES = [(16, 16), (30, 32), (32, 30)]
 
 
@@ -104,15 +104,92 @@ def test_non_contiguous_inputs_and_budgets(pool: RankPool, dtype: torch.dtype) -
     assert [c["send"] for c in counts] == [0, 0, 0, 0]
 
 
+# Uneven in both dims, with pieces of odd byte counts for every dtype: (13, 7) has rows
+# 4, 4, 4, 1 and columns 2, 2, 2, 1, so rank 0 gets 1 x 2 elements from rank 3; (7, 13) has
+# rows 2, 2, 2, 1 and columns 4, 4, 4, 1; (5, 3) has rows 2, 2, 1, 0 and columns 1, 1, 1, 0
+# (rank 3 holds nothing either way) and moves single elements.
+UNEVEN_SHAPES = [(13, 7), (7, 13), (5, 3)]
+
+
 @pytest.mark.rule("RESHARD-1")
-def test_padded_streams_take_the_general_path(pool: RankPool) -> None:
-    # (13, 7) float32: rows 4, 4, 4, 1 and columns 2, 2, 2, 1. Ranks 0-2 receive 8 bytes from
-    # rank 3 (padded to 16 on the wire), so they cannot receive in place; rank 3 receives
-    # 4 x 1 x 4 = 16 bytes from each, no padding, and does. Each rank decides for itself.
-    shape = (13, 7)
+@pytest.mark.parametrize("shape", UNEVEN_SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_uneven_rows_to_columns_receive_in_place(
+    pool: RankPool, shape: tuple[int, int], dtype: torch.dtype
+) -> None:
     src, dst = chunk_layout(shape, 0, range(WORLD)), chunk_layout(shape, 1, range(WORLD))
-    counts = _run(pool, src, dst, random_tensor(shape, torch.float32, 10))
-    assert [c["recv"] for c in counts] == [0, 0, 0, 1]
+    counts = _run(pool, src, dst, random_tensor(shape, dtype, 10))
+    # Streams of one dtype carry no padding, whatever the piece sizes: every rank that gets a
+    # column receives straight into it, routing its own rows through itself when they sit in
+    # the middle (for (5, 3), rank 2's row 4 is the last of its column: no detour).
+    receivers = [1, 1, 1, 0] if shape == (5, 3) else [1, 1, 1, 1]
+    detours = [0, 1, 0, 0] if shape == (5, 3) else [0, 1, 1, 0]
+    assert [c["recv"] for c in counts] == receivers
+    assert [c["self"] for c in counts] == detours
+
+
+@pytest.mark.rule("RESHARD-1")
+@pytest.mark.parametrize("shape", UNEVEN_SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_uneven_columns_to_rows_send_in_place(
+    pool: RankPool, shape: tuple[int, int], dtype: torch.dtype
+) -> None:
+    src, dst = chunk_layout(shape, 1, range(WORLD)), chunk_layout(shape, 0, range(WORLD))
+    counts = _run(pool, src, dst, random_tensor(shape, dtype, 11))
+    # Each column block's rows for rank 0, 1, 2, 3 follow each other in its memory. The rank
+    # that gets a single row (rank 3; rank 2 for (5, 3)) also receives in place: the pieces
+    # of one row from the column blocks in rank order, its own last.
+    if shape == (5, 3):
+        assert [c["send"] for c in counts] == [1, 1, 1, 0]
+        assert [c["recv"] for c in counts] == [0, 0, 1, 0]
+    else:
+        assert [c["send"] for c in counts] == [1, 1, 1, 1]
+        assert [c["recv"] for c in counts] == [0, 0, 0, 1]
+
+
+@pytest.mark.rule("RESHARD-1", "RESHARD-6")
+@pytest.mark.parametrize("contiguous", [True, False])
+@pytest.mark.parametrize("budget", [None, 40, 1000])
+def test_mixed_dtype_state_dict_with_odd_pieces(
+    pool: RankPool, budget: int | None, contiguous: bool
+) -> None:
+    # Key order puts wider dtypes after narrower ones with odd-sized pieces in between (a
+    # 1-byte piece, then a complex64 one), so stream offsets need padding and, in the buffer
+    # (where the other peers' windows come first), pieces land at odd byte offsets. A budget
+    # of 40 bytes cuts every stream into many windows.
+    specs = {
+        "a": ((5, 3), torch.bool),
+        "b": ((7, 5), torch.complex64),
+        "c": ((3, 7), torch.uint8),
+        "d": ((13, 1), torch.float64),
+        "e": ((9,), torch.bfloat16),
+        "f": ((5, 3), torch.int8),
+        "g": ((3, 3), torch.complex128),
+        "h": ((0, 5), torch.int16),
+        "i": ((11, 3), torch.float32),
+    }
+    src = {k: chunk_layout(s, 0, range(WORLD)) for k, (s, _) in specs.items()}
+    dst = {
+        k: chunk_layout(s, len(s) - 1, [3, 1, 0, 2] if len(s) > 1 else [2, 0, 3, 1])
+        for k, (s, _) in specs.items()
+    }
+    full = {k: random_tensor(s, d, 20 + i) for i, (k, (s, d)) in enumerate(specs.items())}
+    states = [{k: _inputs(src[k], full[k], contiguous)[r] for k in specs} for r in range(WORLD)]
+    kwargs = {"max_buffer_bytes": budget}
+    answers = pool.run(
+        run_state_dict_counted,
+        per_rank=[(states[r], src, dst, kwargs) for r in range(WORLD)],
+    )
+    for k in specs:
+        want = reference.reshard({r: states[r][k] for r in range(WORLD)}, src[k], dst[k])
+        for r, (got, _) in enumerate(answers):
+            assert len(got[k]) == len(want.get(r, []))
+            for a, b in zip(got[k], want.get(r, [])):
+                assert a.dtype == specs[k][1]
+                assert reference.same_bits(a, b), f"{k} on rank {r}, budget {budget}"
+    if budget == 40:
+        # Many rounds: the general path on every rank.
+        assert all(sum(c.values()) == 0 for _, c in answers)
 
 
 def _outs(dst: Layout, dtype: torch.dtype, contiguous: bool = True) -> list[list[torch.Tensor]]:

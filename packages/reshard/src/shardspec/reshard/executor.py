@@ -11,22 +11,27 @@ How one call runs on every rank of the group:
    error on every rank before data moves.
 3. Local pieces are copied directly into the outputs (never sent to another rank).
 4. Everything else travels as one byte stream per (sender, receiver) pair: the pieces of
-   every tensor in key order, then wire order, each starting at a 16-byte boundary so that a
-   slice of the byte buffer can be viewed as any dtype. Round ``t`` moves the ``t``-th window
-   of every pair's stream in one ``all_to_all_single`` over a flat ``uint8`` buffer (gloo
-   accepts uneven split sizes there, unlike list ``all_to_all``). Windows are multiples of 16
-   bytes, so no element is cut; a piece cut by a window is copied as a few strided views
-   (:func:`shardspec.reshard.blocks.flat_blocks`), never whole.
+   every tensor in key order, then wire order, each starting at a multiple of its own element
+   size (so a stream of one dtype is the exact concatenation of its pieces' bytes; padding
+   appears only where a wider dtype follows a narrower one). Round ``t`` moves the ``t``-th
+   window of every pair's stream in one ``all_to_all_single`` over a flat ``uint8`` buffer
+   (gloo accepts uneven split sizes there, unlike list ``all_to_all``). Windows start at
+   multiples of 16 bytes (the largest element size) of the stream, so no element is cut; a
+   piece cut by a window is copied as a few strided views
+   (:func:`shardspec.reshard.blocks.flat_blocks`), never whole. Where a piece lands in the
+   buffer depends on the other peers' windows, so it may sit at any byte offset: such pieces
+   are copied as bytes, not through a typed view of the buffer.
 5. The number of rounds is the maximum over ranks of what each rank needs to keep its send
    and its receive buffer within ``max_buffer_bytes`` (agreed in step 2), so all ranks run
    the same number of collectives.
 6. In place, when it can be: with one round, if the bytes this rank receives are contiguous
    ranges of one contiguous output that follow each other in rank order (and no stream
-   carries padding), the output itself is the collective's receive buffer; likewise a
-   contiguous input is the send buffer when the ranges it sends follow each other in rank
-   order. If only this rank's own (local) pieces break the run, they travel through the
-   collective to itself instead of being copied aside. Either is this rank's own affair: the
-   bytes of every pair's stream and the split sizes are those of the general path.
+   carries padding, true whenever the streams hold a single dtype), the output itself is the
+   collective's receive buffer; likewise a contiguous input is the send buffer when the
+   ranges it sends follow each other in rank order. If only this rank's own (local) pieces
+   break the run, they travel through the collective to itself instead of being copied
+   aside. Either is this rank's own affair: the bytes of every pair's stream and the split
+   sizes are those of the general path.
 """
 
 from __future__ import annotations
@@ -49,7 +54,9 @@ if TYPE_CHECKING:
 
 __all__ = ["reshard", "reshard_state_dict"]
 
-_ALIGN = 16  # the largest element size (complex128): windows on this grid never cut an element
+# The largest element size (complex128): windows on this grid of a stream never cut an element,
+# since every piece starts at a multiple of its own element size, which divides it.
+_WINDOW = 16
 
 
 def reshard(
@@ -351,12 +358,24 @@ def _copy(job: _Job, p: Piece, src_t: torch.Tensor, dst_t: torch.Tensor) -> None
 class _Entry:
     job: _Job
     piece: Piece
-    offset: int  # byte offset in the pair's stream (a multiple of _ALIGN)
+    offset: int  # byte offset in the pair's stream (a multiple of the element size)
     nbytes: int
 
 
-def _align(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
+def _align(n: int, to: int = _WINDOW) -> int:
+    return -(-n // to) * to
+
+
+def _place(entries: list[_Entry], job: _Job, p: Piece, end: int) -> int:
+    """Append piece ``p`` to a stream that ends at byte ``end``; return the new end. Both
+    sides of a pair derive the same offsets from the shared plan and the agreed dtypes."""
+    nbytes = p.numel * job.itemsize
+    if nbytes == 0:  # takes no room, so it must not add padding either
+        entries.append(_Entry(job, p, end, 0))
+        return end
+    offset = _align(end, job.itemsize)
+    entries.append(_Entry(job, p, offset, nbytes))
+    return offset + nbytes
 
 
 def _streams(jobs: list[_Job], rank: int, world: int, sending: bool) -> list[list[_Entry]]:
@@ -366,9 +385,7 @@ def _streams(jobs: list[_Job], rank: int, world: int, sending: bool) -> list[lis
         pieces = job.plan.sends(rank) if sending else job.plan.receives(rank)
         for p in pieces:
             peer = p.dst_rank if sending else p.src_rank
-            nbytes = p.numel * job.itemsize
-            streams[peer].append(_Entry(job, p, ends[peer], nbytes))
-            ends[peer] = _align(ends[peer] + nbytes)
+            ends[peer] = _place(streams[peer], job, p, ends[peer])
     return streams
 
 
@@ -378,14 +395,12 @@ def _local_stream(jobs: list[_Job], rank: int) -> list[_Entry]:
     end = 0
     for job in jobs:
         for p in job.plan.local(rank):
-            nbytes = p.numel * job.itemsize
-            entries.append(_Entry(job, p, end, nbytes))
-            end = _align(end + nbytes)
+            end = _place(entries, job, p, end)
     return entries
 
 
 def _stream_len(entries: list[_Entry]) -> int:
-    return _align(entries[-1].offset + entries[-1].nbytes) if entries else 0
+    return entries[-1].offset + entries[-1].nbytes if entries else 0
 
 
 def _rounds_needed(lengths: list[int], budget: int | None) -> int:
@@ -395,9 +410,9 @@ def _rounds_needed(lengths: list[int], budget: int | None) -> int:
     if budget is None:
         return 1
     peers = sum(1 for n in lengths if n)
-    # Each pair's window is rounded up to _ALIGN, costing at most _ALIGN per peer per round;
-    # below that the bound cannot hold and windows shrink to _ALIGN bytes.
-    usable = max(budget - _ALIGN * peers, _ALIGN)
+    # Each pair's window is rounded up to _WINDOW, costing at most _WINDOW per peer per round;
+    # below that the bound cannot hold and windows shrink to _WINDOW bytes.
+    usable = max(budget - _WINDOW * peers, _WINDOW)
     return -(-total // usable)
 
 
@@ -439,16 +454,18 @@ def _piece_bytes(
 
 def _span(streams: list[list[_Entry]], sending: bool) -> _Span | None:
     """One contiguous tensor and byte range that holds every stream back to back, in order,
-    or None. Streams must carry no padding: every piece a multiple of _ALIGN bytes."""
+    or None. Streams must carry no padding: each piece starts where the one before ends."""
     tensor: torch.Tensor | None = None
     started = False
     lo = hi = 0
     for entries in streams:
+        end = 0
         for e in entries:
             if e.nbytes == 0:
                 continue
-            if e.nbytes % _ALIGN:
+            if e.offset != end:
                 return None
+            end += e.nbytes
             job, p = e.job, e.piece
             if sending:
                 t = job.inputs[p.src_local]
@@ -481,11 +498,18 @@ def _with_self(streams: list[list[_Entry]], rank: int, mine: list[_Entry]) -> li
     return out
 
 
-def _flat_bytes(span: _Span) -> torch.Tensor:
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of a contiguous tensor as a 1-d uint8 view. Not ``reshape(-1)``: a
+    contiguous tensor may keep any stride on a dimension of size 1, and a dtype view needs
+    stride 1."""
     import torch
 
+    return t.as_strided((t.numel(),), (1,)).view(torch.uint8)
+
+
+def _flat_bytes(span: _Span) -> torch.Tensor:
     t, lo, hi = span
-    return t.reshape(-1).view(torch.uint8)[lo:hi]
+    return _bytes_of(t)[lo:hi]
 
 
 def _exchange(
@@ -615,6 +639,8 @@ def _walk(
 
 
 def _copy_range(e: _Entry, e0: int, e1: int, buf: torch.Tensor, pos: int, *, pack: bool) -> None:
+    import torch
+
     job, p = e.job, e.piece
     assert job.dtype is not None
     if pack:
@@ -625,10 +651,23 @@ def _copy_range(e: _Entry, e0: int, e1: int, buf: torch.Tensor, pos: int, *, pac
         outer = job.dst.shards[p.dst_shard].box.offsets
     for block in flat_blocks(p.sizes, e0, e1):
         n = math.prod(block[1]) * job.itemsize
-        wire = buf[pos : pos + n].view(job.dtype).view(block[1])
         view = tensor[_rel(p, outer, block)]
-        if pack:
-            wire.copy_(view)
+        raw = buf[pos : pos + n]
+        if (buf.storage_offset() + pos) % job.itemsize == 0:
+            wire = raw.view(job.dtype).view(block[1])
+            if pack:
+                wire.copy_(view)
+            else:
+                view.copy_(wire)
         else:
-            view.copy_(wire)
+            # A typed view of bytes needs an offset that is a multiple of the element size;
+            # copy bytes instead, through a contiguous scratch block when the view is strided.
+            if pack:
+                raw.copy_(_bytes_of(view.contiguous()))
+            elif view.is_contiguous():
+                _bytes_of(view).copy_(raw)
+            else:
+                scratch = torch.empty(block[1], dtype=job.dtype, device=view.device)
+                _bytes_of(scratch).copy_(raw)
+                view.copy_(scratch)
         pos += n

@@ -60,6 +60,12 @@ def install_stack(session: nox.Session, *extra: str) -> list[str]:
     return rest
 
 
+def install_torchrec(session: nox.Session) -> None:
+    # --no-deps: torchrec's own requirements would replace the pinned CPU torch.
+    session.install(*TORCHREC_DEPS)
+    session.install("--no-deps", "torchrec==1.8.0")
+
+
 def run_pytest(session: nox.Session, *args: str) -> None:
     # pytest exits 5 when it collected nothing; a package with no tests yet must not pass
     # silently, so that stays a failure.
@@ -98,6 +104,7 @@ def conformance(session: nox.Session) -> None:
 def conformance_upstream(session: nox.Session) -> None:
     """The conformance suite against upstream torch; writes conformance-report.{md,json}."""
     rest = install_stack(session)
+    install_torchrec(session)  # so the report covers TorchRec's plan helpers too
     session.env["SHARDSPEC_IMPL"] = "torch"
     session.run("python", "-m", "conformance.report", "--out", "conformance-report", *rest)
 
@@ -166,6 +173,5 @@ def bench(session: nox.Session) -> None:
 def torchrec(session: nox.Session) -> None:
     """TorchRec 1.8 on CPU: the shardspec.torchrec tests and conformance area with it."""
     rest = install_stack(session)
-    session.install(*TORCHREC_DEPS)
-    session.install("--no-deps", "torchrec==1.8.0")
+    install_torchrec(session)
     run_pytest(session, "packages/torchrec/tests", "conformance/tests", "-k", "torchrec", *rest)

@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shardspec.metadata import Layout
+from shardspec.metadata import Box, Layout
 
 from .agreement import agree_on_dtypes, agree_on_inputs, digests, dtype_code, dtype_from_code
 from .blocks import flat_blocks
@@ -262,7 +262,6 @@ def _prepare(
     out: Sequence[torch.Tensor] | None = None,
     dev: torch.device | None = None,
 ) -> tuple[_Job, int]:
-    import torch
 
     what = f"tensor {key!r}: " if key else ""
     if not isinstance(src, Layout) or not isinstance(dst, Layout):
@@ -275,29 +274,11 @@ def _prepare(
             )
     p = plan(src, dst, rank)
     inputs = list(tensors)
-    boxes = src.boxes_of(rank)
-    if len(inputs) != len(boxes):
-        raise ReshardError(
-            f"{what}rank {rank} passed {len(inputs)} local shards but owns {len(boxes)} "
-            f"source boxes {list(boxes)}"
-        )
     dtype = None if dtypes is None else dtypes.get(key)
-    for i, (t, box) in enumerate(zip(inputs, boxes)):
-        if not isinstance(t, torch.Tensor):
-            raise ReshardError(
-                f"{what}local shard #{i} on rank {rank} is a {type(t).__name__}, not a tensor"
-            )
-        if tuple(t.shape) != box.sizes:
-            raise ReshardError(
-                f"{what}local shard #{i} on rank {rank} has shape {tuple(t.shape)} but its "
-                f"source box {box} has sizes {box.sizes}"
-            )
-        if dtype is None:
-            dtype = t.dtype
-        elif t.dtype != dtype:
-            raise ReshardError(
-                f"{what}local shard #{i} on rank {rank} has dtype {t.dtype}, expected {dtype}"
-            )
+    dtype = _check_tensors(
+        inputs, src.boxes_of(rank), dtype, what, rank, "local shard", "local shards", "source"
+    )
+    for t in inputs:
         if t.device != inputs[0].device:
             raise ReshardError(
                 f"{what}local shards on rank {rank} are on {inputs[0].device} and {t.device}"
@@ -305,36 +286,57 @@ def _prepare(
     given = None
     if out is not None:
         given = list(out)
-        dst_boxes = dst.boxes_of(rank)
-        if len(given) != len(dst_boxes):
-            raise ReshardError(
-                f"{what}rank {rank} passed {len(given)} out tensors but owns {len(dst_boxes)} "
-                f"destination boxes {list(dst_boxes)}"
-            )
-        for i, (t, box) in enumerate(zip(given, dst_boxes)):
-            if not isinstance(t, torch.Tensor):
-                raise ReshardError(
-                    f"{what}out #{i} on rank {rank} is a {type(t).__name__}, not a tensor"
-                )
-            if tuple(t.shape) != box.sizes:
-                raise ReshardError(
-                    f"{what}out #{i} on rank {rank} has shape {tuple(t.shape)} but its "
-                    f"destination box {box} has sizes {box.sizes}"
-                )
-            # A rank without source shards learns the dtype from its out tensors; a clash
-            # with another rank's dtype is then caught by the dtype agreement.
-            if dtype is None:
-                dtype = t.dtype
-            elif t.dtype != dtype:
-                raise ReshardError(
-                    f"{what}out #{i} on rank {rank} has dtype {t.dtype}, expected {dtype}"
-                )
+        # A rank without source shards learns the dtype from its out tensors; a clash with
+        # another rank's dtype is then caught by the dtype agreement.
+        dtype = _check_tensors(
+            given, dst.boxes_of(rank), dtype, what, rank, "out", "out tensors", "destination"
+        )
+        for i, t in enumerate(given):
             if dev is not None and t.device != dev:
                 raise ReshardError(
                     f"{what}out #{i} on rank {rank} is on {t.device}, the outputs go to {dev}"
                 )
     code = dtype_code(dtype) if dtype is not None else 0
     return _Job(key, src, dst, p, inputs, given=given), code
+
+
+def _check_tensors(
+    tensors: list[torch.Tensor],
+    boxes: tuple[Box, ...],
+    dtype: torch.dtype | None,
+    what: str,
+    rank: int,
+    item: str,
+    items: str,
+    side: str,
+) -> torch.dtype | None:
+    """Count, type, shape and common dtype of one rank's tensors against its boxes of ``side``.
+
+    Returns the dtype they share (``dtype`` if given, else the first tensor's)."""
+    import torch
+
+    if len(tensors) != len(boxes):
+        raise ReshardError(
+            f"{what}rank {rank} passed {len(tensors)} {items} but owns {len(boxes)} "
+            f"{side} boxes {list(boxes)}"
+        )
+    for i, (t, box) in enumerate(zip(tensors, boxes)):
+        if not isinstance(t, torch.Tensor):
+            raise ReshardError(
+                f"{what}{item} #{i} on rank {rank} is a {type(t).__name__}, not a tensor"
+            )
+        if tuple(t.shape) != box.sizes:
+            raise ReshardError(
+                f"{what}{item} #{i} on rank {rank} has shape {tuple(t.shape)} but its "
+                f"{side} box {box} has sizes {box.sizes}"
+            )
+        if dtype is None:
+            dtype = t.dtype
+        elif t.dtype != dtype:
+            raise ReshardError(
+                f"{what}{item} #{i} on rank {rank} has dtype {t.dtype}, expected {dtype}"
+            )
+    return dtype
 
 
 def _rel(

@@ -7,7 +7,9 @@ from hypothesis import given, strategies as st
 from metadata_oracle import box_points, is_valid, points
 
 from shardspec.metadata import Box, Layout, LayoutError, Shard, chunk_layout
+from shardspec.metadata.columns import COLUMNS_FROM, shard_columns
 from shardspec.metadata.strategies import permuted, shapes, valid_layouts
+from shardspec.metadata.validate import validate_columns, validate_shards
 
 
 def L(shape: tuple[int, ...], *shards: tuple[tuple[int, ...], tuple[int, ...], int]) -> Layout:
@@ -63,6 +65,61 @@ def test_validate_agrees_with_brute_force(layout: Layout) -> None:
         _check_error_is_true(layout, e)
     else:
         assert expected, f"validate() accepted an invalid layout {layout}"
+
+
+def _outcome(check: object, layout: Layout) -> tuple[object, ...] | None:
+    try:
+        check()  # type: ignore[operator]
+    except LayoutError as e:
+        return (e.kind, e.shards, e.point, str(e))
+    return None
+
+
+@pytest.mark.rule("LAYOUT-1", "LAYOUT-2", "LAYOUT-3", "LAYOUT-4")
+@given(st.one_of(mutated_layouts(), valid_layouts(shapes(max_dims=3, max_side=5))))
+def test_python_and_numpy_paths_agree_with_brute_force(layout: Layout) -> None:
+    """Small layouts are checked in plain Python, large ones in NumPy over their columns:
+    both must accept exactly the valid layouts and report the same fault the same way."""
+    columns = shard_columns(layout.shards, layout.ndim)
+    python = _outcome(lambda: validate_shards(layout), layout)
+    if columns is None:  # a shard of another ndim: no columns, the Python path reports it
+        assert python is not None and python[0] == "ndim"
+        return
+    numpy = _outcome(lambda: validate_columns(layout, columns), layout)
+    assert python == numpy
+    assert (python is None) == is_valid(layout), python
+
+
+@pytest.mark.rule("LAYOUT-1", "LAYOUT-2", "LAYOUT-3")
+def test_large_layouts_report_faults_like_small_ones() -> None:
+    # Large enough that Layout keeps columns, so validate() takes the NumPy path.
+    n = 4 * COLUMNS_FROM
+    good = chunk_layout((n, 2), 0, list(range(n)))
+    replicated = Layout(good.shape, [*good.shards, *good.with_ranks(range(n, 2 * n)).shards])
+    replicated.validate()
+    cases = {
+        "duplicate": Layout(good.shape, [*good.shards[:9], good.shards[3], *good.shards[9:]]),
+        "bounds": Layout((n - 1, 2), good.shards),
+        "gap": Layout(good.shape, good.shards[:5] + good.shards[6:]),
+        "ndim": Layout(good.shape, [*good.shards, Shard(Box((0,), (1,)), 0)]),
+        "overlap": Layout(good.shape, [*good.shards, Shard(Box((3, 0), (2, 2)), 0)]),
+        "replica duplicate": Layout(good.shape, [*replicated.shards, replicated.shards[n + 7]]),
+    }
+    expected = {
+        "duplicate": ("duplicate", (3, 9), None),
+        "bounds": ("bounds", (n - 1,), None),
+        "gap": ("gap", (), (5, 0)),
+        "ndim": ("ndim", (n,), None),
+        "overlap": ("overlap", (3, n), None),
+        "replica duplicate": ("duplicate", (n + 7, 2 * n), None),
+    }
+    for name, layout in cases.items():
+        with pytest.raises(LayoutError) as ei:
+            layout.validate()
+        assert (ei.value.kind, ei.value.shards, ei.value.point) == expected[name], name
+        assert _outcome(lambda lay=layout: validate_shards(lay), layout) == _outcome(
+            layout.validate, layout
+        ), name
 
 
 def _check_error_is_true(layout: Layout, e: LayoutError) -> None:

@@ -5,36 +5,65 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from .box import Box, _to_int, as_index_tuple
+from .columns import COLUMNS_FROM, Columns, shard_columns
 from .errors import LayoutError
+from .validate import validate_layout
 
 __all__ = ["Layout", "Shard", "require_layout"]
 
 
-@dataclass(frozen=True, slots=True)
 class Shard:
-    """One box of a layout and the rank that holds it."""
+    """One box of a layout and the rank that holds it. Immutable; compares and hashes by
+    (box, rank)."""
 
+    __slots__ = ("box", "rank")
+    __match_args__ = ("box", "rank")
     box: Box
     rank: int
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.box, Box):
-            raise LayoutError(f"Shard.box must be a Box, got {self.box!r}")
-        rank: int | None = self.rank
+    def __init__(self, box: Box, rank: int) -> None:
+        # Written out rather than a frozen dataclass: layouts hold millions of shards, and the
+        # generated __init__ plus __post_init__ cost twice this.
+        if type(box) is not Box and not isinstance(box, Box):
+            raise LayoutError(f"Shard.box must be a Box, got {box!r}")
         if type(rank) is not int:  # numpy / torch ints from upstream code become plain ints
-            rank = _to_int(rank)
-            if rank is None:
-                raise LayoutError(f"Shard.rank must be a non-negative int, got {self.rank!r}")
-            object.__setattr__(self, "rank", rank)
+            plain = _to_int(rank)
+            if plain is None:
+                raise LayoutError(f"Shard.rank must be a non-negative int, got {rank!r}")
+            rank = plain
         if rank < 0:
-            raise LayoutError(f"Shard.rank must be a non-negative int, got {self.rank!r}")
+            raise LayoutError(f"Shard.rank must be a non-negative int, got {rank!r}")
+        _set_box(self, box)
+        _set_rank(self, rank)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Shard is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("Shard is immutable")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Shard, (self.box, self.rank))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Shard):
+            return NotImplemented
+        return self.rank == other.rank and self.box == other.box
+
+    def __hash__(self) -> int:
+        return hash((self.box, self.rank))
 
     def __repr__(self) -> str:
         return f"Shard(rank={self.rank}, offsets={self.box.offsets}, sizes={self.box.sizes})"
+
+
+# The slots' own setters: Shard.__setattr__ refuses every write after construction.
+_set_box = Shard.__dict__["box"].__set__
+_set_rank = Shard.__dict__["rank"].__set__
 
 
 class Layout:
@@ -45,22 +74,29 @@ class Layout:
     the same shape and the same multiset of (box, rank) pairs, so that the same sharding written
     two ways compares equal.
 
-    Construction checks types only; call :meth:`validate` for the layout rules.
+    Construction checks types only; call :meth:`validate` for the layout rules. A large layout
+    also keeps its boxes as int64 arrays, read once here so that validating it does not read a
+    million Python objects again.
     """
 
-    __slots__ = ("_by_rank", "_counter", "shape", "shards")
+    __slots__ = ("_by_rank", "_columns", "_counter", "shape", "shards")
     shape: tuple[int, ...]
     shards: tuple[Shard, ...]
+    _columns: Columns | None
     _counter: Counter[tuple[Box, int]] | None
     _by_rank: dict[int, tuple[Shard, ...]] | None
 
     def __init__(self, shape: Sequence[int], shards: Iterable[Shard]) -> None:
-        object.__setattr__(self, "shape", as_index_tuple(shape, "Layout shape"))
+        shape_t = as_index_tuple(shape, "Layout shape")
+        object.__setattr__(self, "shape", shape_t)
         shards_t = tuple(shards)
-        for i, s in enumerate(shards_t):
-            if not isinstance(s, Shard):
-                raise LayoutError(f"Layout shard #{i} must be a Shard, got {s!r}")
+        if not all(map(isinstance, shards_t, repeat(Shard))):
+            for i, s in enumerate(shards_t):
+                if not isinstance(s, Shard):
+                    raise LayoutError(f"Layout shard #{i} must be a Shard, got {s!r}")
         object.__setattr__(self, "shards", shards_t)
+        columns = shard_columns(shards_t, len(shape_t)) if len(shards_t) >= COLUMNS_FROM else None
+        object.__setattr__(self, "_columns", columns)
         object.__setattr__(self, "_counter", None)
         object.__setattr__(self, "_by_rank", None)
 
@@ -144,8 +180,6 @@ class Layout:
 
         Returns ``self`` so that ``layout = Layout(...).validate()`` reads naturally.
         """
-        from .validate import validate_layout
-
         validate_layout(self)
         return self
 

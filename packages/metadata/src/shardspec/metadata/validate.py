@@ -3,33 +3,36 @@
 The algorithm, and why it is fast:
 
 1. Per shard: ndim and bounds (empty boxes included: an empty chunk at offset = dim size is in
-   bounds, one past it is not). Identical boxes are folded into one *distinct box* with the
-   list of its owners (replicas); the same box twice on one rank is an error. Empty boxes take
-   no further part: they hold no element, so they neither overlap nor cover.
-2. Grid fast path (vectorised): if, in every dim, the distinct intervals of the boxes tile
-   ``[0, n)`` exactly, and the number of distinct boxes equals the product of the interval
-   counts, then the boxes are the cells of a product grid: disjoint and covering. This is
-   every chunking, every DTensor layout and every regular grid, in O(n log n).
-3. Otherwise a guillotine recursion over regions: in a region, sort the boxes by start in each
-   dim; a position that no box straddles is a cut and splits the region; a position no box
-   covers is a gap (reported with that point). Layouts built by cutting (TorchRec tables,
-   nested chunks, random guillotine partitions) resolve in O(n log n) per level.
-4. A region no dim can cut is checked by a sweep line for a pair of overlapping boxes, then
-   by volume; a missing volume is located by scanning cross-sections. This is at worst the
-   cost of upstream's sweep line, and is only reached by non-guillotine layouts or overlaps.
+   bounds, one past it is not). Identical boxes are one *distinct box* held by several ranks
+   (replicas); the same box twice on one rank is an error. Empty boxes take no further part:
+   they hold no element, so they neither overlap nor cover.
+2. Grid fast path: if, in every dim, the distinct intervals of the non-empty boxes tile
+   ``[0, n)``, each box's interval in each dim is one of them, so every box is one cell of
+   their product grid. Boxes in different cells are disjoint and boxes in the same cell are
+   identical (replicas): the layout is valid exactly when every cell is held. This is every
+   chunking, every DTensor layout and every regular grid, in O(n log n) with no pairwise work.
+3. Otherwise the guillotine recursion of :mod:`.guillotine` decides coverage and
+   disjointness of the distinct boxes.
+
+Steps 1 and 2 exist twice with identical results (the tests hold them to it): plain Python
+over the shards, for small layouts, where NumPy's per-call overhead would dominate; and NumPy
+over the columns a large layout keeps (:mod:`.columns`). Where several faults exist the report
+is fixed: ndim, then bounds (the first shard out), then duplicates (the first shard that
+repeats an earlier one), then coverage.
 """
 
 from __future__ import annotations
 
 import math
-import sys
-from bisect import bisect_right, insort
-from itertools import chain
-from operator import attrgetter
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from itertools import repeat
+from operator import add, attrgetter, contains, gt
+from typing import TYPE_CHECKING, NoReturn
 
 from .box import Box
+from .columns import Columns
 from .errors import LayoutError
+from .guillotine import Bounds, Gap, Overlap, Problem, find_overlap, solve
 
 if TYPE_CHECKING:
     import numpy as np
@@ -37,129 +40,238 @@ if TYPE_CHECKING:
 
     from .layout import Layout, Shard
 
-__all__ = ["validate_layout"]
+__all__ = ["validate_columns", "validate_layout", "validate_shards"]
 
-_Bounds = tuple[tuple[int, ...], tuple[int, ...]]  # (starts, stops)
-
-
-class _Overlap:
-    __slots__ = ("a", "b")
-
-    def __init__(self, a: int, b: int) -> None:
-        self.a, self.b = a, b
-
-
-class _Gap:
-    __slots__ = ("point",)
-
-    def __init__(self, point: tuple[int, ...]) -> None:
-        self.point = point
-
-
-_Problem = _Overlap | _Gap
-_box_sizes = attrgetter("box.sizes")
+_box_bounds = attrgetter("box.offsets", "box.sizes")
+_rank = attrgetter("rank")
 
 
 def validate_layout(layout: Layout) -> None:
-    import numpy as np
+    columns = layout._columns
+    if columns is None:
+        validate_shards(layout)
+    else:
+        validate_columns(layout, columns)
 
+
+def validate_shards(layout: Layout) -> None:
+    """Steps 1-2 in plain Python; every per-shard pass is a C-level map, zip or set."""
     shape = layout.shape
     nd = len(shape)
     shards = layout.shards
     m = len(shards)
-
-    # The per-shard ndim scan runs in C (map/attrgetter); the loop below only names the culprit.
-    ndims = set(map(len, map(_box_sizes, shards)))
-    for i, s in enumerate(shards if ndims - {nd} else ()):
-        if len(s.box.sizes) != nd:
-            raise LayoutError(
-                f"shard #{i} on rank {s.rank} has {s.box.ndim} dims but the layout shape "
-                f"{shape} has {nd}: {s.box}",
-                kind="ndim",
-                shards=(i,),
-            )
     if m == 0:
-        if math.prod(shape) != 0:
-            raise LayoutError(
-                f"the shards do not cover the tensor: element {(0,) * nd} of shape {shape} "
-                f"is held by no shard (the layout has no shards)",
-                kind="gap",
-                point=(0,) * nd,
-            )
+        _require_shards(layout)
         return
+    boxes: list[tuple[tuple[int, ...], tuple[int, ...]]] = list(map(_box_bounds, shards))
+    offs, sizes = zip(*boxes)
+    if set(map(len, sizes)) != {nd}:
+        _raise_ndim(layout, next(i for i, z in enumerate(sizes) if len(z) != nd))
+    offs_by_dim = list(zip(*offs))
+    sizes_by_dim = list(zip(*sizes))
+    ends_by_dim = list(map(list, map(map, repeat(add), offs_by_dim, sizes_by_dim)))
+    has_empty = nd == 0 or any(map(contains, sizes_by_dim, repeat(0)))
+    if not has_empty and len(set(boxes)) == m and _is_grid(offs_by_dim, ends_by_dim, shape, m):
+        return  # m distinct boxes that are the cells of a grid tiling the tensor
 
-    # One row per shard: offsets, sizes, rank. Everything below is vectorised over rows.
-    width = 2 * nd + 1
-    rows = np.fromiter(
-        chain.from_iterable(s.box.offsets + s.box.sizes + (s.rank,) for s in shards),
-        dtype=np.int64,
-        count=m * width,
-    ).reshape(m, width)
-    offs, sizes = rows[:, :nd], rows[:, nd : 2 * nd]
+    # Something is off, or the layout has replicas or empty boxes: the checks in report order.
+    if any(map(gt, map(max, ends_by_dim), shape)):
+        _raise_bounds(layout, next(i for i, s in enumerate(shards) if not s.box.fits_in(shape)))
+    rows = list(zip(boxes, map(_rank, shards)))
+    if len(set(rows)) != m:
+        seen: dict[object, int] = {}
+        for j, row in enumerate(rows):
+            if row in seen:
+                _raise_duplicate(layout, seen[row], j)
+            seen[row] = j
+    if nd == 0 or 0 in shape:
+        return  # a 0-d tensor's one element is held by Box((), ()); an empty one needs nothing
+    # The first holder of each distinct non-empty box, in shard order (reversed: first wins).
+    firsts = sorted(dict(zip(reversed(boxes), range(m - 1, -1, -1))).values())
+    distinct = [i for i in firsts if 0 not in sizes[i]] if has_empty else firsts
+    if not distinct or not _is_grid(
+        [[o[i] for i in distinct] for o in offs_by_dim],
+        [[e[i] for i in distinct] for e in ends_by_dim],
+        shape,
+        len(distinct),
+    ):
+        _check_cover(layout, distinct)
+
+
+def _is_grid(
+    offs_by_dim: Sequence[Sequence[int]],
+    ends_by_dim: Sequence[list[int]],
+    shape: tuple[int, ...],
+    k: int,
+) -> bool:
+    """Whether ``k`` distinct non-empty boxes are exactly the cells of the grid their
+    intervals make (then they are disjoint and cover the tensor)."""
+    cells = 1
+    for o, e, n in zip(offs_by_dim, ends_by_dim, shape):
+        # The intervals tile [0, n) when the distinct starts and ends interleave as
+        # 0 = s0 < e0 = s1 < ... < e_last = n and every box ends where its start's interval does.
+        starts, stops = sorted(set(o)), sorted(set(e))
+        if starts[0] != 0 or stops[-1] != n or starts[1:] != stops[:-1]:
+            return False
+        # With fewer intervals than boxes, check each box ends where its start's interval
+        # does. With one interval per box the pairing is forced: a box [s_i, e_j) needs
+        # s_i < e_j = s_(j+1), so j >= i for every box, which only the identity satisfies.
+        if 1 < len(starts) < k and list(map(dict(zip(starts, stops)).__getitem__, o)) != e:
+            return False
+        cells *= len(starts)
+        if cells > k:
+            return False
+    # Distinct boxes map injectively onto cells, so as many boxes as cells fills every cell.
+    return cells == k
+
+
+def validate_columns(layout: Layout, columns: Columns) -> None:
+    """Steps 1-2 in NumPy over the columns of a large layout."""
+    import numpy as np
+
+    shape = layout.shape
+    nd = len(shape)
+    m = len(layout.shards)
+    if m == 0:
+        _require_shards(layout)
+        return
+    offs, sizes, ranks = columns.offsets, columns.sizes, columns.ranks
     ends = offs + sizes
-
-    if nd:
-        outside = np.nonzero((ends > np.asarray(shape, dtype=np.int64)).any(axis=1))[0]
-        if outside.size:
-            i = int(outside[0])
-            box = shards[i].box
-            d = next(d for d in range(nd) if box.offsets[d] + box.sizes[d] > shape[d])
-            raise LayoutError(
-                f"shard #{i} on rank {shards[i].rank} is out of bounds in dim {d}: {box} ends "
-                f"at {box.offsets[d] + box.sizes[d]} but the dim has size {shape[d]} "
-                f"(layout shape {shape})",
-                kind="bounds",
-                shards=(i,),
-            )
-
-    # Sorting rows by (box, rank) puts replicas of a box next to each other and the same
-    # (box, rank) twice in consecutive rows.
-    order = np.lexsort(rows.T[::-1]) if width > 1 else np.argsort(rows[:, 0], kind="stable")
-    ranked = rows[order]
-    if m > 1:
-        same_row = (ranked[1:] == ranked[:-1]).all(axis=1)
-        if same_row.any():
-            k = int(np.argmax(same_row))
-            i, j = sorted((int(order[k]), int(order[k + 1])))
-            raise LayoutError(
-                f"shards #{i} and #{j} are the same box {shards[i].box} twice on rank "
-                f"{shards[i].rank}",
-                kind="duplicate",
-                shards=(i, j),
-            )
-        new_box = np.ones(m, dtype=bool)
-        new_box[1:] = ~(ranked[1:, : 2 * nd] == ranked[:-1, : 2 * nd]).all(axis=1)
-        distinct = np.sort(order[new_box])
-    else:
-        distinct = order
-
-    if math.prod(shape) == 0:
-        return  # nothing to cover; every box is empty and in bounds
-    if nd == 0:
-        return  # at least one shard holds Box((), ()): the one element is covered
-
-    distinct = distinct[(sizes[distinct] > 0).all(axis=1)]
-    if distinct.size and _is_exact_grid(offs[distinct], ends[distinct], shape):
+    dims = np.asarray(shape, dtype=np.int64)
+    if nd and (ends.max(axis=1) > dims).any():
+        _raise_bounds(layout, int(np.argmax((ends > dims[:, None]).any(axis=0))))
+    all_keys = [*offs, *sizes, ranks]
+    if nd == 0 or 0 in shape:
+        _check_duplicates(layout, all_keys)
         return
-    picked = [int(i) for i in distinct]
-    bounds = [(shards[i].box.offsets, shards[i].box.stops) for i in picked]
-    if not bounds:
-        problem: _Problem | None = _Gap((0,) * nd)
+
+    full = bool(sizes.min() > 0)
+    held = None if full else np.flatnonzero((sizes > 0).all(axis=0))
+    if held is None:
+        grid = _grid_cells(offs, ends, shape)
     else:
-        problem = _solve(bounds, list(range(len(bounds))), (0,) * nd, shape)
+        grid = _grid_cells(offs[:, held], ends[:, held], shape) if held.size else None
+    if grid is not None:
+        cell, count = grid
+        if cell is None or np.bincount(cell, minlength=count).min() > 0:
+            # Every cell is held. Boxes in one cell are one box, so the only fault left is a
+            # box twice on one rank, impossible when every shard has a cell of its own.
+            if not (full and count == m):
+                _check_duplicates(layout, all_keys)
+            return
+    _check_duplicates(layout, all_keys)
+    # The first holder of each distinct non-empty box, in shard order.
+    idx = np.arange(m) if held is None else held
+    box_keys = [*offs[:, idx], *sizes[:, idx]]
+    order = np.lexsort(box_keys[::-1])
+    new = np.zeros(idx.size, dtype=bool)
+    new[:1] = True
+    for key in box_keys:
+        s = key[order]
+        new[1:] |= s[1:] != s[:-1]
+    starts = np.flatnonzero(new)
+    firsts = np.minimum.reduceat(idx[order], starts) if starts.size else starts
+    _check_cover(layout, [int(i) for i in np.sort(firsts)])
+
+
+def _grid_cells(
+    offs: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], shape: tuple[int, ...]
+) -> tuple[npt.NDArray[np.int64] | None, int] | None:
+    """Each box's cell in the grid of the boxes' distinct intervals, and the number of
+    cells; None when some dim's intervals do not tile it, or there are more cells than boxes
+    (some cell is then empty). The cells come back as None when every box has a cell of
+    its own, which is then known without computing them."""
+    import numpy as np
+
+    nd, m = offs.shape
+    cell: npt.NDArray[np.int64] | None = None
+    count = 1
+    own_cells = False
+    for d in range(nd):
+        n = shape[d]
+        o, e = offs[d], ends[d]
+        if o.max() == 0 and e.min() == n:
+            continue  # every box spans the dim: one interval
+        starts, stops = np.sort(o), np.sort(e)
+        starts = starts[np.concatenate(([True], starts[1:] != starts[:-1]))]
+        stops = stops[np.concatenate(([True], stops[1:] != stops[:-1]))]
+        k = len(starts)
+        if starts[0] != 0 or stops[-1] != n or len(stops) != k or np.any(starts[1:] != stops[:-1]):
+            return None
+        count *= k
+        if count > m:
+            return None
+        if k == m:
+            # Distinct starts and distinct ends, one per box: a box [s_i, e_j) needs
+            # s_i < e_j = s_(j+1), so j >= i for every box, which only the identity pairing
+            # satisfies. Each box is its own interval, hence its own cell.
+            own_cells = True
+            continue
+        at = np.searchsorted(starts, o)
+        if np.any(stops[at] != e):
+            return None  # a box ends elsewhere than its start's interval does
+        cell = at if cell is None else cell * k + at
+    if own_cells:
+        return None, count
+    return (np.zeros(m, dtype=np.int64) if cell is None else cell), count
+
+
+def _check_duplicates(layout: Layout, keys: list[npt.NDArray[np.int64]]) -> None:
+    """Raise for the first shard whose row of ``keys`` repeats an earlier shard's."""
+    import numpy as np
+
+    m = len(keys[0])
+    if m < 2:
+        return
+    order = np.lexsort(keys[::-1])
+    same = np.ones(m - 1, dtype=bool)
+    for key in keys:
+        s = key[order]
+        same &= s[1:] == s[:-1]
+    if not same.any():
+        return
+    # lexsort is stable: a row equal to the one before it in sorted order is a later repeat.
+    j = int(order[1:][same].min())
+    first = np.ones(m, dtype=bool)
+    for key in keys:
+        first &= key == key[j]
+    _raise_duplicate(layout, int(np.argmax(first)), j)
+
+
+def _require_shards(layout: Layout) -> None:
+    shape = layout.shape
+    if math.prod(shape) != 0:
+        point = (0,) * len(shape)
+        raise LayoutError(
+            f"the shards do not cover the tensor: element {point} of shape {shape} "
+            f"is held by no shard (the layout has no shards)",
+            kind="gap",
+            point=point,
+        )
+
+
+def _check_cover(layout: Layout, picked: list[int]) -> None:
+    """Raise unless the distinct non-empty boxes ``picked`` (shard indices) tile the tensor."""
+    shape, shards = layout.shape, layout.shards
+    nd = len(shape)
+    bounds: list[Bounds] = [(shards[i].box.offsets, shards[i].box.stops) for i in picked]
+    if not bounds:
+        problem: Problem | None = Gap((0,) * nd)
+    else:
+        problem = solve(bounds, list(range(len(bounds))), (0,) * nd, shape)
     if problem is None:
         return
-    if isinstance(problem, _Gap):
+    if isinstance(problem, Gap):
         # A layout that overlaps and also leaves a gap is reported as the overlap: it names
         # two shards (the more specific fault), and it is what upstream's overlap checks
         # (`validate_non_overlapping_shards_metadata`, `_validate_global_plan`) report for it.
-        pair = _find_overlap(bounds)
+        pair = find_overlap(bounds)
         if pair is not None:
-            problem = _Overlap(*pair)
-    if isinstance(problem, _Gap):
+            problem = Overlap(*pair)
+    if isinstance(problem, Gap):
         raise LayoutError(
             f"the shards do not cover the tensor: element {problem.point} of shape {shape} "
-            f"is held by no shard ({m} shards)",
+            f"is held by no shard ({len(shards)} shards)",
             kind="gap",
             point=problem.point,
         )
@@ -173,201 +285,40 @@ def validate_layout(layout: Layout) -> None:
     )
 
 
+def _raise_ndim(layout: Layout, i: int) -> NoReturn:
+    s = layout.shards[i]
+    raise LayoutError(
+        f"shard #{i} on rank {s.rank} has {s.box.ndim} dims but the layout shape "
+        f"{layout.shape} has {layout.ndim}: {s.box}",
+        kind="ndim",
+        shards=(i,),
+    )
+
+
+def _raise_bounds(layout: Layout, i: int) -> NoReturn:
+    shape, box, rank = layout.shape, layout.shards[i].box, layout.shards[i].rank
+    d = next(d for d in range(len(shape)) if box.offsets[d] + box.sizes[d] > shape[d])
+    raise LayoutError(
+        f"shard #{i} on rank {rank} is out of bounds in dim {d}: {box} ends "
+        f"at {box.offsets[d] + box.sizes[d]} but the dim has size {shape[d]} "
+        f"(layout shape {shape})",
+        kind="bounds",
+        shards=(i,),
+    )
+
+
+def _raise_duplicate(layout: Layout, i: int, j: int) -> NoReturn:
+    s = layout.shards[i]
+    raise LayoutError(
+        f"shards #{i} and #{j} are the same box {s.box} twice on rank {s.rank}",
+        kind="duplicate",
+        shards=(i, j),
+    )
+
+
 def _describe(box: Box, shards: tuple[Shard, ...]) -> str:
     holders = [i for i, s in enumerate(shards) if s.box == box]
     ranks = [shards[i].rank for i in holders]
     idx = ", ".join(f"#{i}" for i in holders)
     who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
     return f"shard {idx} {box} on {who}"
-
-
-def _is_exact_grid(
-    offs: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], shape: tuple[int, ...]
-) -> bool:
-    import numpy as np
-
-    m, nd = offs.shape
-    cells = 1
-    for d in range(nd):
-        n = shape[d]
-        if n < 3_000_000_000:  # (n + 1) ** 2 fits in int64: one sortable key per interval
-            # Sort, then drop repeats: several times faster than np.unique's hash path here.
-            keys = np.sort(offs[:, d] * (n + 1) + ends[:, d])
-            keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
-            starts, stops = keys // (n + 1), keys % (n + 1)
-        else:
-            pairs = np.unique(np.stack([offs[:, d], ends[:, d]], axis=1), axis=0)
-            starts, stops = pairs[:, 0], pairs[:, 1]
-        if starts[0] != 0 or stops[-1] != n or np.any(starts[1:] != stops[:-1]):
-            return False
-        cells *= len(starts)
-        if cells > m:
-            return False
-    # Distinct boxes map injectively onto cells (each dim's intervals tile the dim), so as many
-    # boxes as cells means every cell is taken exactly once.
-    return bool(cells == m)
-
-
-def _solve(
-    bounds: list[_Bounds], root: list[int], lo: tuple[int, ...], hi: tuple[int, ...]
-) -> _Problem | None:
-    nd = len(lo)
-    stack: list[tuple[list[int], tuple[int, ...], tuple[int, ...]]] = [(root, lo, hi)]
-    while stack:
-        idx, rlo, rhi = stack.pop()
-        if len(idx) == 1:
-            problem = _single(bounds[idx[0]], rlo, rhi)
-            if problem is not None:
-                return problem
-            continue
-        best: list[tuple[int, int, list[int]]] | None = None
-        best_dim = -1
-        for d in range(nd):
-            groups, gap = _cuts(bounds, idx, d, rlo[d], rhi[d])
-            if gap is not None:
-                return _Gap(rlo[:d] + (gap,) + rlo[d + 1 :])
-            if len(groups) > 1 and (best is None or len(groups) > len(best)):
-                best, best_dim = groups, d
-        if best is None:
-            problem = _uncut(bounds, idx, rlo, rhi)
-            if problem is not None:
-                return problem
-            continue
-        d = best_dim
-        for start, stop, members in best:
-            stack.append(
-                (members, rlo[:d] + (start,) + rlo[d + 1 :], rhi[:d] + (stop,) + rhi[d + 1 :])
-            )
-    return None
-
-
-def _single(b: _Bounds, lo: tuple[int, ...], hi: tuple[int, ...]) -> _Problem | None:
-    starts, stops = b
-    for d in range(len(lo)):
-        if starts[d] > lo[d]:
-            return _Gap(lo)
-        if stops[d] < hi[d]:
-            return _Gap(lo[:d] + (stops[d],) + lo[d + 1 :])
-    return None
-
-
-def _cuts(
-    bounds: list[_Bounds], idx: list[int], d: int, lo: int, hi: int
-) -> tuple[list[tuple[int, int, list[int]]], int | None]:
-    """Split ``idx`` at every position of dim ``d`` that no box straddles.
-
-    Returns the groups as (start, stop, members), or a position in [lo, hi) that no box
-    covers (a gap), as the second item.
-    """
-    order = sorted(idx, key=lambda i: bounds[i][0][d])
-    groups: list[tuple[int, int, list[int]]] = []
-    reach = lo
-    g_start = lo
-    members: list[int] = []
-    for i in order:
-        start, stop = bounds[i][0][d], bounds[i][1][d]
-        if start > reach:
-            return [], reach
-        if start == reach and members:
-            groups.append((g_start, reach, members))
-            members = []
-            g_start = start
-        members.append(i)
-        if stop > reach:
-            reach = stop
-    if reach < hi:
-        return [], reach
-    groups.append((g_start, reach, members))
-    return groups, None
-
-
-def _uncut(
-    bounds: list[_Bounds], idx: list[int], lo: tuple[int, ...], hi: tuple[int, ...]
-) -> _Problem | None:
-    pair = _sweep_overlap(bounds, idx)
-    if pair is not None:
-        return _Overlap(*pair)
-    volume = sum(math.prod(b - a for a, b in zip(*bounds[i])) for i in idx)
-    if volume == math.prod(b - a for a, b in zip(lo, hi)):
-        return None
-    return _Gap(_gap_by_sections(bounds, idx, lo, hi))
-
-
-def _find_overlap(bounds: list[_Bounds]) -> tuple[int, int] | None:
-    """A pair of overlapping boxes, whether or not the boxes cover the region.
-
-    The same guillotine recursion as :func:`_solve`, but a position no box covers is just
-    another cut; only groups no dim can split go to the sweep line.
-    """
-    nd = len(bounds[0][0]) if bounds else 0
-    stack: list[list[int]] = [list(range(len(bounds)))]
-    while stack:
-        idx = stack.pop()
-        if len(idx) < 2:
-            continue
-        best: list[list[int]] = [idx]
-        for d in range(nd):
-            order = sorted(idx, key=lambda i: bounds[i][0][d])
-            groups: list[list[int]] = []
-            reach = -1
-            for i in order:
-                if bounds[i][0][d] >= reach:
-                    groups.append([])
-                groups[-1].append(i)
-                reach = max(reach, bounds[i][1][d])
-            if len(groups) > len(best):
-                best = groups
-        if len(best) > 1:
-            stack.extend(best)
-            continue
-        pair = _sweep_overlap(bounds, idx)
-        if pair is not None:
-            return pair
-    return None
-
-
-def _sweep_overlap(bounds: list[_Bounds], idx: list[int]) -> tuple[int, int] | None:
-    """A pair of overlapping boxes, by a sweep along dim 0 with the boxes still open."""
-    order = sorted(idx, key=lambda i: bounds[i][0][0])
-    active: list[tuple[int, int]] = []  # (stop in dim 0, box), sorted by stop
-    for i in order:
-        starts, stops = bounds[i]
-        # Boxes that stop at or before this start are done for good: later boxes start no
-        # earlier.
-        del active[: bisect_right(active, (starts[0], sys.maxsize))]
-        for _, j in active:
-            o_starts, o_stops = bounds[j]
-            if all(
-                starts[k] < o_stops[k] and o_starts[k] < stops[k] for k in range(1, len(starts))
-            ):
-                return (j, i) if j < i else (i, j)
-        insort(active, (stops[0], i))
-    return None
-
-
-def _gap_by_sections(
-    bounds: list[_Bounds], idx: list[int], lo: tuple[int, ...], hi: tuple[int, ...]
-) -> tuple[int, ...]:
-    """A point of the region no box holds, given that the boxes are pairwise disjoint.
-
-    The cross-section along dim 0 only changes at box starts and stops, so checking the
-    (disjoint) cross-section at each such position finds the gap.
-    """
-    xs = {lo[0]}
-    for i in idx:
-        for x in (bounds[i][0][0], bounds[i][1][0]):
-            if lo[0] <= x < hi[0]:
-                xs.add(x)
-    for x in sorted(xs):
-        section = [i for i in idx if bounds[i][0][0] <= x < bounds[i][1][0]]
-        if len(lo) == 1:
-            if not section:
-                return (x,)
-            continue
-        sub_bounds = [(bounds[i][0][1:], bounds[i][1][1:]) for i in section]
-        if not sub_bounds:
-            return (x, *lo[1:])
-        problem = _solve(sub_bounds, list(range(len(section))), lo[1:], hi[1:])
-        if isinstance(problem, _Gap):
-            return (x, *problem.point)
-    raise AssertionError("volume was short but no gap was found")  # pragma: no cover

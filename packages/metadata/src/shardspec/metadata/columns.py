@@ -1,0 +1,63 @@
+"""A layout's shards as int64 arrays: what the vectorised validator works on.
+
+Reading a million boxes out of Python objects costs more than every NumPy step after it, so a
+large layout does it once, when it is built (see ``Layout``), not on each validation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import chain
+from operator import attrgetter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    from .layout import Shard
+
+__all__ = ["COLUMNS_FROM", "Columns", "shard_columns"]
+
+# Below this many shards the pure-Python checks beat NumPy's per-call overhead (measured by
+# bench_validate.py); above it the layout keeps columns.
+COLUMNS_FROM = 64
+
+_box_sizes = attrgetter("box.sizes")
+
+
+class Columns:
+    """``offsets`` and ``sizes`` (ndim x m: one contiguous row per dim) and ``ranks`` (m) of m
+    shards, as int64."""
+
+    __slots__ = ("offsets", "ranks", "sizes")
+
+    def __init__(
+        self,
+        offsets: npt.NDArray[np.int64],
+        sizes: npt.NDArray[np.int64],
+        ranks: npt.NDArray[np.int64],
+    ) -> None:
+        self.offsets, self.sizes, self.ranks = offsets, sizes, ranks
+
+
+def shard_columns(shards: Sequence[Shard], ndim: int) -> Columns | None:
+    """The shards as columns, or None when they cannot be: a shard with another number of
+    dims than ``ndim``, or a value beyond int64 (the validator then reports it from the
+    shards themselves)."""
+    import numpy as np
+
+    m = len(shards)
+    if set(map(len, map(_box_sizes, shards))) - {ndim}:
+        return None
+    width = 2 * ndim + 1
+    try:
+        rows = np.fromiter(
+            chain.from_iterable(s.box.offsets + s.box.sizes + (s.rank,) for s in shards),
+            dtype=np.int64,
+            count=m * width,
+        ).reshape(m, width)
+    except OverflowError:
+        return None
+    by_dim = rows.T.copy()  # per-dim rows are contiguous: every later pass is per dim
+    return Columns(by_dim[:ndim], by_dim[ndim : 2 * ndim], by_dim[2 * ndim])

@@ -17,6 +17,9 @@ def as_index_tuple(values: Iterable[Any], what: str) -> tuple[int, ...]:
     bool is refused because ``True`` silently passing as ``1`` hides swapped arguments, and
     floats are refused because a layout with ``2.0`` rows is a bug upstream of us.
     """
+    plain = _plain_index_tuple(values)
+    if plain is not None:
+        return plain
     try:
         items = tuple(values)
     except TypeError:  # an int where a sequence belongs: say so instead of "not iterable"
@@ -102,18 +105,18 @@ class Box:
                 f"Box offsets {offs} and sizes {szs} have different lengths "
                 f"({len(offs)} vs {len(szs)})"
             )
-        object.__setattr__(self, "offsets", offs)
-        object.__setattr__(self, "sizes", szs)
-        object.__setattr__(self, "_hash", hash((offs, szs)))
+        _set_offsets(self, offs)
+        _set_sizes(self, szs)
+        _set_hash(self, hash((offs, szs)))
 
     @classmethod
     def _trusted(cls, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> Box:
         # Hot paths (chunk rule, planners) build millions of boxes from arithmetic that is
         # already known to give non-negative ints; skipping the checks there halves the cost.
         b = object.__new__(cls)
-        object.__setattr__(b, "offsets", offsets)
-        object.__setattr__(b, "sizes", sizes)
-        object.__setattr__(b, "_hash", hash((offsets, sizes)))
+        _set_offsets(b, offsets)
+        _set_sizes(b, sizes)
+        _set_hash(b, hash((offsets, sizes)))
         return b
 
     @classmethod
@@ -224,3 +227,9 @@ class Box:
     def __iter__(self) -> Iterator[tuple[int, int]]:
         """Iterate (offset, size) per dim."""
         return iter(zip(self.offsets, self.sizes))
+
+
+# The slots' own setters: Box.__setattr__ refuses every write after construction.
+_set_offsets = Box.__dict__["offsets"].__set__
+_set_sizes = Box.__dict__["sizes"].__set__
+_set_hash = Box.__dict__["_hash"].__set__

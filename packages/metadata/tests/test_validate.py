@@ -252,3 +252,17 @@ def test_equality_is_per_rank() -> None:
     b = L((4,), ((0,), (2,), 1), ((2,), (2,), 0))
     assert a != b
     assert a.shards_of(0) == (Shard(Box((0,), (2,)), 0),)
+
+
+@pytest.mark.rule("LAYOUT-1", "LAYOUT-3")
+def test_large_layouts_beyond_int64_still_validate() -> None:
+    # Python ints have no width; a layout whose numbers leave int64 has no columns and is
+    # checked from its shards, with the same rules.
+    n, big = 2 * COLUMNS_FROM, 2**70
+    ranks = [big + i for i in range(n)]
+    Layout((n, 3), [Shard(Box((i, 0), (1, 3)), r) for i, r in enumerate(ranks)]).validate()
+    wide = Layout((n, big), [Shard(Box((i, 0), (1, big)), i) for i in range(n)])
+    wide.validate()
+    with pytest.raises(LayoutError) as ei:
+        Layout((n, big), [*wide.shards[:-1], Shard(Box((n - 1, 1), (1, big - 1)), 0)]).validate()
+    assert (ei.value.kind, ei.value.point) == ("gap", (n - 1, 0))

@@ -288,37 +288,3 @@ def test_flat_blocks_cover_the_range_in_row_major_order(
             flat.append(sum(i * math.prod(sizes[d + 1 :]) for d, i in enumerate(x)))
     assert flat == list(range(lo, hi))
     assert len(blocks) <= max(1, 2 * len(sizes) - 1)
-
-
-# ---------------------------------------------------------------- the small-layout fast check
-
-
-@st.composite
-def maybe_broken_layouts(draw: st.DrawFn) -> Layout:
-    """Valid layouts, often with one defect: a shard dropped, grown, moved or duplicated."""
-    layout = draw(valid_layouts(shapes(max_dims=3, max_side=5), max_ranks=4))
-    shards = list(layout.shards)
-    if not shards:
-        return layout
-    i = draw(st.integers(0, len(shards) - 1))
-    s = shards[i]
-    action = draw(st.sampled_from(["drop", "grow", "move", "dup", "none"]))
-    if action == "drop":
-        del shards[i]
-    elif action in ("grow", "move") and s.box.ndim:
-        d = draw(st.integers(0, s.box.ndim - 1))
-        offs, sizes = list(s.box.offsets), list(s.box.sizes)
-        if action == "grow":
-            sizes[d] += 1
-        else:
-            offs[d] = draw(st.integers(0, layout.shape[d] + 1))
-        shards[i] = Shard(Box(offs, sizes), s.rank)
-    elif action == "dup":
-        shards.append(s)
-    return Layout(layout.shape, shards)
-
-
-@pytest.mark.rule("RESHARD-7")
-@given(maybe_broken_layouts())
-def test_small_layout_check_agrees_with_the_validator(layout: Layout) -> None:
-    assert planner_module._small_layout_is_valid(layout) == layout.is_valid(), layout

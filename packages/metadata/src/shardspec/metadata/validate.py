@@ -71,8 +71,18 @@ def validate_shards(layout: Layout) -> None:
     sizes_by_dim = list(zip(*sizes))
     ends_by_dim = list(map(list, map(map, repeat(add), offs_by_dim, sizes_by_dim)))
     has_empty = nd == 0 or any(map(contains, sizes_by_dim, repeat(0)))
-    if not has_empty and len(set(boxes)) == m and _is_grid(offs_by_dim, ends_by_dim, shape, m):
-        return  # m distinct boxes that are the cells of a grid tiling the tensor
+    if not has_empty:
+        unique = set(boxes)
+        if len(unique) == m:
+            if _is_grid(offs_by_dim, ends_by_dim, shape, m):
+                return  # m distinct boxes that are the cells of a grid tiling the tensor
+        elif len(set(zip(boxes, map(_rank, shards)))) == m:
+            # Replicas, no box twice on a rank: the distinct boxes must be the grid's cells.
+            u_offs, u_sizes = zip(*unique)
+            u_offs_by_dim = list(zip(*u_offs))
+            u_ends = list(map(list, map(map, repeat(add), u_offs_by_dim, zip(*u_sizes))))
+            if _is_grid(u_offs_by_dim, u_ends, shape, len(unique)):
+                return
 
     # Something is off, or the layout has replicas or empty boxes: the checks in report order.
     if any(map(gt, map(max, ends_by_dim), shape)):

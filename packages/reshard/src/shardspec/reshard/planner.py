@@ -142,13 +142,13 @@ def plan(src: Layout, dst: Layout, rank: int | None = None, *, validate: bool = 
         raise ValueError(f"rank must be a non-negative int or None, got {rank!r}")
     if validate:
         try:
-            _validate(src)
+            src.validate()
         except LayoutError as e:
             raise LayoutError(
                 f"source layout: {e}", kind=e.kind, shards=e.shards, point=e.point
             ) from e
         try:
-            _validate(dst)
+            dst.validate()
         except LayoutError as e:
             raise LayoutError(
                 f"destination layout: {e}", kind=e.kind, shards=e.shards, point=e.point
@@ -156,41 +156,7 @@ def plan(src: Layout, dst: Layout, rank: int | None = None, *, validate: bool = 
     return _Planner(src, dst).run(rank)
 
 
-_SMALL = 16  # layouts with at most this many shards are prepared without NumPy
-
-
-def _validate(layout: Layout) -> None:
-    """``layout.validate()``, with a plain-Python fast path for small layouts.
-
-    A state dict plans thousands of tensors of a few shards each, where the general
-    validator's NumPy set-up dominates. For at most ``_SMALL`` shards the rules are checked
-    directly: every box in bounds with the right ndim, no (box, rank) twice, distinct
-    non-empty boxes pairwise disjoint, and their volumes summing to the tensor's (disjoint
-    boxes inside the tensor with the full volume cover it). Anything else, and any failure,
-    goes to ``layout.validate()``, which raises the canonical error.
-    """
-    if len(layout.shards) > _SMALL or not _small_layout_is_valid(layout):
-        layout.validate()
-
-
-def _small_layout_is_valid(layout: Layout) -> bool:
-    shape = layout.shape
-    nd = len(shape)
-    seen: set[tuple[Box, int]] = set()
-    distinct: set[Box] = set()
-    for s in layout.shards:
-        b = s.box
-        if b.ndim != nd or not b.fits_in(shape) or (b, s.rank) in seen:
-            return False
-        seen.add((b, s.rank))
-        if not b.is_empty:
-            distinct.add(b)
-    boxes = list(distinct)
-    for i, a in enumerate(boxes):
-        for b in boxes[i + 1 :]:
-            if a.overlaps(b):
-                return False
-    return sum(b.numel for b in boxes) == math.prod(shape)
+_SMALL = 16  # layouts with at most this many shards are indexed without NumPy
 
 
 class _Distinct:

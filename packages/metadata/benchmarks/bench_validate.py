@@ -1,10 +1,13 @@
 """Validation speed: shardspec's Layout.validate() against torch's own checks.
 
 Layouts: 1-D chunkings (n row chunks of an (n*3, 8) tensor) and 2-D grids (side x side blocks,
-side = isqrt(n)), from 4 to 1e6 shards. Upstream is measured two ways on the same layout as
-ShardMetadata: `validate_non_overlapping_shards_metadata` (overlap only), and that plus
-`check_tensor` (bounds and total volume: what ShardedTensor runs, the nearest upstream has to
-our bounds + duplicates + disjointness + coverage). Upstream runs in a child process with a
+side = isqrt(n)), from 4 to 1e6 shards; from 1e3 shards also a brick wall (not a grid: the
+guillotine path) and the faults a checker exists for: a chunking with a wrong offset (a shard
+overlapping its neighbour), a chunking with a lost shard, a brick wall with a wrong offset.
+Upstream is measured two ways on the same layout as ShardMetadata:
+`validate_non_overlapping_shards_metadata` (overlap only), and that plus `check_tensor` (bounds
+and total volume: what ShardedTensor runs, the nearest upstream has to our bounds + duplicates
++ disjointness + coverage). Upstream runs in a child process with a
 time limit, so a quadratic case reports "> limit" instead of stalling the run.
 
 A large Layout reads its boxes into arrays when it is built, so "build" is reported for both
@@ -18,7 +21,9 @@ Ratios are upstream / ours, measured in this run: above 1 means ours is faster.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import itertools
 import math
 import multiprocessing as mp
 import time
@@ -42,6 +47,53 @@ def grid(n: int) -> Layout:
             for j in range(side)
         ],
     )
+
+
+def brickwall(n: int) -> Layout:
+    """Rows of bricks, odd rows shifted by half a brick: not a grid (TorchRec-like mixed
+    cuts), so the guillotine path."""
+    side = math.isqrt(n)
+    shards = []
+    for i in range(side):
+        cuts = [0, *(4 * j + 2 * (i % 2) for j in range(1, side)), 4 * side]
+        shards += [
+            Shard(Box((2 * i, a), (2, b - a)), i * side + j)
+            for j, (a, b) in enumerate(itertools.pairwise(cuts))
+        ]
+    return Layout((2 * side, 4 * side), shards)
+
+
+def with_fault(layout: Layout, fault: str) -> Layout:
+    """A wrong offset (a shard overlapping the ones after it) or a lost shard, mid-layout."""
+    shards = list(layout.shards)
+    mid = shards[len(shards) // 2]
+    if fault == "overlap":
+        offs = (mid.box.offsets[0] + 1, *mid.box.offsets[1:])
+        sizes = (min(mid.box.sizes[0], layout.shape[0] - offs[0]), *mid.box.sizes[1:])
+        shards.append(Shard(Box(offs, sizes), 0))
+    else:
+        shards.remove(mid)
+    return Layout(layout.shape, shards)
+
+
+LAYOUTS: dict[str, Callable[[int], Layout]] = {
+    "chunking": chunking,
+    "grid": grid,
+    "brickwall": brickwall,
+    "chunk+olap": lambda n: with_fault(chunking(n), "overlap"),
+    "chunk-lost": lambda n: with_fault(chunking(n), "gap"),
+    "brick+olap": lambda n: with_fault(brickwall(n), "overlap"),
+}
+
+
+def quietly(check: Callable[[], object]) -> Callable[[], None]:
+    """``check`` with the error a faulty layout raises swallowed (both sides raise one)."""
+
+    def run() -> None:
+        with contextlib.suppress(ValueError):  # LayoutError is a ValueError, as torch's are
+            check()
+
+    return run
 
 
 def build(
@@ -76,14 +128,14 @@ def _upstream(kind: str, n: int, out: mp.Queue) -> None:  # type: ignore[type-ar
         validate_non_overlapping_shards_metadata,
     )
 
-    layout = chunking(n) if kind == "chunking" else grid(n)
+    layout = LAYOUTS[kind](n)
     boxes = [(list(s.box.offsets), list(s.box.sizes), f"rank:{s.rank}/cpu") for s in layout.shards]
     mds = [ShardMetadata(o, z, p) for o, z, p in boxes]
     build = best_of(lambda: [ShardMetadata(o, z, p) for o, z, p in boxes], n)
     out.put(build)
-    overlap = best_of(lambda: validate_non_overlapping_shards_metadata(mds), n)
+    overlap = best_of(quietly(lambda: validate_non_overlapping_shards_metadata(mds)), n)
     out.put(overlap)
-    check = best_of(lambda: check_tensor(mds, list(layout.shape)), n)
+    check = best_of(quietly(lambda: check_tensor(mds, list(layout.shape))), n)
     out.put(overlap + check)
 
 
@@ -120,13 +172,15 @@ def main() -> None:
     )  # fmt: skip
     row = "{:<9} {:>8} {:>10} {:>10} {:>11} {:>10} {:>10} {:>12} {:>9} {:>9}"
     print(row.format(*head))
-    for kind in ("chunking", "grid"):
+    for kind in LAYOUTS:
         for n in sizes:
-            made = chunking(n) if kind == "chunking" else grid(n)
+            if kind != "chunking" and kind != "grid" and n < 1000:
+                continue  # the faulty and brick-wall layouts are about scale
+            made = LAYOUTS[kind](n)
             raw = [(s.box.offsets, s.box.sizes, s.rank) for s in made.shards]
             ours_build = best_of(partial(build, made.shape, raw), n)
             layout = build(made.shape, raw)
-            ours = best_of(layout.validate, n)
+            ours = best_of(quietly(layout.validate), n)
             theirs_build, overlap, full = upstream_seconds(kind, n, args.upstream_limit)
 
             def sec(x: float | None) -> str:

@@ -18,7 +18,16 @@ import math
 import sys
 from bisect import bisect_right, insort
 
-__all__ = ["Bounds", "Gap", "Overlap", "Problem", "find_overlap", "solve"]
+__all__ = [
+    "Bounds",
+    "Gap",
+    "Overlap",
+    "Problem",
+    "find_overlap",
+    "gap_by_sections",
+    "solve",
+    "sweep_overlap",
+]
 
 Bounds = tuple[tuple[int, ...], tuple[int, ...]]  # (starts, stops)
 
@@ -118,13 +127,13 @@ def _cuts(
 def _uncut(
     bounds: list[Bounds], idx: list[int], lo: tuple[int, ...], hi: tuple[int, ...]
 ) -> Problem | None:
-    pair = _sweep_overlap(bounds, idx)
+    pair = sweep_overlap(bounds, idx)
     if pair is not None:
         return Overlap(*pair)
     volume = sum(math.prod(b - a for a, b in zip(*bounds[i])) for i in idx)
     if volume == math.prod(b - a for a, b in zip(lo, hi)):
         return None
-    return Gap(_gap_by_sections(bounds, idx, lo, hi))
+    return Gap(gap_by_sections(bounds, idx, lo, hi))
 
 
 def find_overlap(bounds: list[Bounds]) -> tuple[int, int] | None:
@@ -154,13 +163,13 @@ def find_overlap(bounds: list[Bounds]) -> tuple[int, int] | None:
         if len(best) > 1:
             stack.extend(best)
             continue
-        pair = _sweep_overlap(bounds, idx)
+        pair = sweep_overlap(bounds, idx)
         if pair is not None:
             return pair
     return None
 
 
-def _sweep_overlap(bounds: list[Bounds], idx: list[int]) -> tuple[int, int] | None:
+def sweep_overlap(bounds: list[Bounds], idx: list[int]) -> tuple[int, int] | None:
     """A pair of overlapping boxes, by a sweep along dim 0 with the boxes still open."""
     order = sorted(idx, key=lambda i: bounds[i][0][0])
     active: list[tuple[int, int]] = []  # (stop in dim 0, box), sorted by stop
@@ -179,7 +188,7 @@ def _sweep_overlap(bounds: list[Bounds], idx: list[int]) -> tuple[int, int] | No
     return None
 
 
-def _gap_by_sections(
+def gap_by_sections(
     bounds: list[Bounds], idx: list[int], lo: tuple[int, ...], hi: tuple[int, ...]
 ) -> tuple[int, ...]:
     """A point of the region no box holds, given that the boxes are pairwise disjoint.

@@ -12,13 +12,15 @@ The algorithm, and why it is fast:
    identical (replicas): the layout is valid exactly when every cell is held. This is every
    chunking, every DTensor layout and every regular grid, in O(n log n) with no pairwise work.
 3. Otherwise the guillotine recursion of :mod:`.guillotine` decides coverage and
-   disjointness of the distinct boxes.
+   disjointness of the distinct boxes; for large layouts the same recursion runs a level at
+   a time in NumPy (:mod:`.guillotine_levels`), and boxes cut along one dim only (a chunking
+   with a wrong offset or a lost row) take one sort, as upstream's 1-D check does.
 
-Steps 1 and 2 exist twice with identical results (the tests hold them to it): plain Python
+Steps 1 and 2 exist twice with the same verdicts (the tests hold them to it): plain Python
 over the shards, for small layouts, where NumPy's per-call overhead would dominate; and NumPy
 over the columns a large layout keeps (:mod:`.columns`). Where several faults exist the report
 is fixed: ndim, then bounds (the first shard out), then duplicates (the first shard that
-repeats an earlier one), then coverage.
+repeats an earlier one), then an overlap before a gap.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from .box import Box
 from .columns import Columns
 from .errors import LayoutError
 from .guillotine import Bounds, Gap, Overlap, Problem, find_overlap, solve
+from .guillotine_levels import find_problem_columns, fits
 
 if TYPE_CHECKING:
     import numpy as np
@@ -169,19 +172,32 @@ def validate_columns(layout: Layout, columns: Columns) -> None:
             if not (full and count == m):
                 _check_duplicates(layout, all_keys)
             return
-    _check_duplicates(layout, all_keys)
+    sorted_rows = _check_duplicates(layout, all_keys)
     # The first holder of each distinct non-empty box, in shard order.
-    idx = np.arange(m) if held is None else held
-    box_keys = [*offs[:, idx], *sizes[:, idx]]
-    order = np.lexsort(box_keys[::-1])
-    new = np.zeros(idx.size, dtype=bool)
-    new[:1] = True
-    for key in box_keys:
-        s = key[order]
-        new[1:] |= s[1:] != s[:-1]
-    starts = np.flatnonzero(new)
-    firsts = np.minimum.reduceat(idx[order], starts) if starts.size else starts
-    _check_cover(layout, [int(i) for i in np.sort(firsts)])
+    if sorted_rows is None:
+        firsts = np.arange(m)
+    else:
+        order, same_box = sorted_rows
+        starts = np.flatnonzero(np.concatenate(([True], ~same_box)))
+        firsts = np.minimum.reduceat(order, starts) if same_box.any() else order
+    if not full:
+        firsts = firsts[(sizes[:, firsts] > 0).all(axis=0)]
+    firsts = np.sort(firsts)
+    if not firsts.size or not fits(firsts.size, shape):
+        _check_cover(layout, [int(i) for i in firsts])
+        return
+    problem = find_problem_columns(offs[:, firsts], ends[:, firsts], shape)
+    if isinstance(problem, Gap):
+        _raise_gap(layout, problem.point)
+    if isinstance(problem, Overlap):
+        a, b = int(firsts[problem.a]), int(firsts[problem.b])
+
+        def holders(i: int) -> list[int]:
+            same = (offs == offs[:, i : i + 1]).all(axis=0)
+            same &= (sizes == sizes[:, i : i + 1]).all(axis=0)
+            return [int(j) for j in np.flatnonzero(same)]
+
+        _raise_overlap(layout, a, b, holders(a), holders(b))
 
 
 def _grid_cells(
@@ -226,26 +242,33 @@ def _grid_cells(
     return (np.zeros(m, dtype=np.int64) if cell is None else cell), count
 
 
-def _check_duplicates(layout: Layout, keys: list[npt.NDArray[np.int64]]) -> None:
-    """Raise for the first shard whose row of ``keys`` repeats an earlier shard's."""
+def _check_duplicates(
+    layout: Layout, keys: list[npt.NDArray[np.int64]]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]] | None:
+    """Raise for the first shard whose row of ``keys`` (the last key being the rank) repeats an
+    earlier shard's. Returns the rows' sorted order and, between neighbours in it, whether
+    they hold the same box (all keys but the rank equal); None for fewer than two rows."""
     import numpy as np
 
     m = len(keys[0])
     if m < 2:
-        return
+        return None
     order = np.lexsort(keys[::-1])
-    same = np.ones(m - 1, dtype=bool)
-    for key in keys:
+    same_box = np.ones(m - 1, dtype=bool)
+    for key in keys[:-1]:
         s = key[order]
-        same &= s[1:] == s[:-1]
-    if not same.any():
-        return
-    # lexsort is stable: a row equal to the one before it in sorted order is a later repeat.
-    j = int(order[1:][same].min())
-    first = np.ones(m, dtype=bool)
-    for key in keys:
-        first &= key == key[j]
-    _raise_duplicate(layout, int(np.argmax(first)), j)
+        same_box &= s[1:] == s[:-1]
+    ranks = keys[-1][order]
+    same = same_box & (ranks[1:] == ranks[:-1])
+    if same.any():
+        # lexsort is stable: a row equal to the one before it in sorted order is a later
+        # repeat.
+        j = int(order[1:][same].min())
+        first = np.ones(m, dtype=bool)
+        for key in keys:
+            first &= key == key[j]
+        _raise_duplicate(layout, int(np.argmax(first)), j)
+    return order, same_box
 
 
 def _require_shards(layout: Layout) -> None:
@@ -279,17 +302,37 @@ def _check_cover(layout: Layout, picked: list[int]) -> None:
         if pair is not None:
             problem = Overlap(*pair)
     if isinstance(problem, Gap):
-        raise LayoutError(
-            f"the shards do not cover the tensor: element {problem.point} of shape {shape} "
-            f"is held by no shard ({len(shards)} shards)",
-            kind="gap",
-            point=problem.point,
-        )
+        _raise_gap(layout, problem.point)
     a, b = picked[problem.a], picked[problem.b]
     box_a, box_b = shards[a].box, shards[b].box
+    _raise_overlap(
+        layout,
+        a,
+        b,
+        [i for i, s in enumerate(shards) if s.box == box_a],
+        [i for i, s in enumerate(shards) if s.box == box_b],
+    )
+
+
+def _raise_gap(layout: Layout, point: tuple[int, ...]) -> NoReturn:
     raise LayoutError(
-        f"shards overlap: {_describe(box_a, shards)} and {_describe(box_b, shards)} share "
-        f"{box_a.intersect(box_b)} (layout shape {shape}); replicas must be identical boxes",
+        f"the shards do not cover the tensor: element {point} of shape {layout.shape} "
+        f"is held by no shard ({len(layout.shards)} shards)",
+        kind="gap",
+        point=point,
+    )
+
+
+def _raise_overlap(
+    layout: Layout, a: int, b: int, holders_a: list[int], holders_b: list[int]
+) -> NoReturn:
+    """Shards ``a`` and ``b`` overlap; ``holders_*`` are all the shards with each box."""
+    shards = layout.shards
+    box_a, box_b = shards[a].box, shards[b].box
+    raise LayoutError(
+        f"shards overlap: {_describe(box_a, shards, holders_a)} and "
+        f"{_describe(box_b, shards, holders_b)} share {box_a.intersect(box_b)} "
+        f"(layout shape {layout.shape}); replicas must be identical boxes",
         kind="overlap",
         shards=(a, b),
     )
@@ -326,8 +369,7 @@ def _raise_duplicate(layout: Layout, i: int, j: int) -> NoReturn:
     )
 
 
-def _describe(box: Box, shards: tuple[Shard, ...]) -> str:
-    holders = [i for i, s in enumerate(shards) if s.box == box]
+def _describe(box: Box, shards: tuple[Shard, ...], holders: list[int]) -> str:
     ranks = [shards[i].rank for i in holders]
     idx = ", ".join(f"#{i}" for i in holders)
     who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"

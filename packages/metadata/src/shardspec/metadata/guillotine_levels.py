@@ -244,9 +244,8 @@ def find_gap_columns(lo: _Ints, hi: _Ints, shape: tuple[int, ...]) -> tuple[int,
         uncut = counts[best, np.arange(n_groups)] == 1
         members_of = np.bincount(group, minlength=n_groups)
         # One box and no gap: the box is its region. Several and no cut: judge by volume.
-        for g, members in _split(pos, group) if (uncut & (members_of > 1)).any() else ():
-            if not uncut[g] or members_of[g] < 2:
-                continue
+        at = (uncut & (members_of > 1))[group]
+        for g, members in _split(pos[at], group[at]) if at.any() else ():
             region_lo = tuple(int(v) for v in rlo[:, g])
             region_hi = tuple(int(v) for v in rhi[:, g])
             volume = int(np.prod(hi[:, members] - lo[:, members], axis=0).sum())

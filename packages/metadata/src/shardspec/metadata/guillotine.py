@@ -170,21 +170,29 @@ def find_overlap(bounds: list[Bounds]) -> tuple[int, int] | None:
 
 
 def sweep_overlap(bounds: list[Bounds], idx: list[int]) -> tuple[int, int] | None:
-    """A pair of overlapping boxes, by a sweep along dim 0 with the boxes still open."""
-    order = sorted(idx, key=lambda i: bounds[i][0][0])
-    active: list[tuple[int, int]] = []  # (stop in dim 0, box), sorted by stop
+    """A pair of overlapping boxes, by a sweep with the boxes still open.
+
+    The sweep runs along the dim with the most distinct starts: the open set is then small
+    (along a dim every box starts at, such as two rows of offset bricks swept across their
+    rows, every box stays open and the sweep is quadratic).
+    """
+    nd = len(bounds[idx[0]][0]) if idx else 0
+    if nd == 0:
+        return None
+    d = max(range(nd), key=lambda k: len({bounds[i][0][k] for i in idx}))
+    others = [k for k in range(nd) if k != d]
+    order = sorted(idx, key=lambda i: bounds[i][0][d])
+    active: list[tuple[int, int]] = []  # (stop along d, box), sorted by stop
     for i in order:
         starts, stops = bounds[i]
         # Boxes that stop at or before this start are done for good: later boxes start no
         # earlier.
-        del active[: bisect_right(active, (starts[0], sys.maxsize))]
+        del active[: bisect_right(active, (starts[d], sys.maxsize))]
         for _, j in active:
             o_starts, o_stops = bounds[j]
-            if all(
-                starts[k] < o_stops[k] and o_starts[k] < stops[k] for k in range(1, len(starts))
-            ):
+            if all(starts[k] < o_stops[k] and o_starts[k] < stops[k] for k in others):
                 return (j, i) if j < i else (i, j)
-        insort(active, (stops[0], i))
+        insort(active, (stops[d], i))
     return None
 
 

@@ -27,6 +27,14 @@ def columns(boxes: list[Box], nd: int) -> tuple[np.ndarray, np.ndarray]:
     return lo, lo + sizes
 
 
+def overlapping_pairs(boxes: list[Box]) -> set[tuple[int, int]]:
+    """Every (i, j), i < j, whose boxes share an element, by enumeration."""
+    held = [box_points(b) for b in boxes]
+    return {
+        (i, j) for i in range(len(boxes)) for j in range(i + 1, len(boxes)) if held[i] & held[j]
+    }
+
+
 @st.composite
 def distinct_boxes(draw: st.DrawFn, *, disjoint: bool) -> tuple[tuple[int, ...], list[Box]]:
     """The distinct non-empty boxes of a valid layout, with some dropped and (unless
@@ -57,12 +65,7 @@ def test_overlap_search_finds_an_overlap_exactly_when_there_is_one(
 ) -> None:
     shape, boxes = case
     pair = find_overlap_columns(*columns(boxes, len(shape)), shape) if boxes else None
-    overlapping = [
-        (i, j)
-        for i in range(len(boxes))
-        for j in range(i + 1, len(boxes))
-        if box_points(boxes[i]) & box_points(boxes[j])
-    ]
+    overlapping = overlapping_pairs(boxes)
     if pair is None:
         assert not overlapping
     else:
@@ -106,12 +109,7 @@ def test_the_problem_reported_is_the_overlap_first_then_the_gap(
     if one_dim and len(shape) > 1 and len({(b.offsets[0], b.sizes[0]) for b in boxes}) > 1:
         assert single_cut_dim(lo, hi, shape) == 0
     problem = find_problem_columns(lo, hi, shape)
-    overlapping = {
-        (i, j)
-        for i in range(len(boxes))
-        for j in range(i + 1, len(boxes))
-        if box_points(boxes[i]) & box_points(boxes[j])
-    }
+    overlapping = overlapping_pairs(boxes)
     held = set().union(*(box_points(b) for b in boxes))
     if overlapping:
         assert isinstance(problem, Overlap) and (problem.a, problem.b) in overlapping

@@ -123,7 +123,12 @@ def _is_grid(
     for o, e, n in zip(offs_by_dim, ends_by_dim, shape):
         # The intervals tile [0, n) when the distinct starts and ends interleave as
         # 0 = s0 < e0 = s1 < ... < e_last = n and every box ends where its start's interval does.
-        starts, stops = sorted(set(o)), sorted(set(e))
+        start_set, stop_set = set(o), set(e)
+        if len(start_set) == 1:  # one interval: it must be the whole dim (most dims are so)
+            if start_set != {0} or stop_set != {n}:
+                return False
+            continue
+        starts, stops = sorted(start_set), sorted(stop_set)
         if starts[0] != 0 or stops[-1] != n or starts[1:] != stops[:-1]:
             return False
         # With fewer intervals than boxes, check each box ends where its start's interval

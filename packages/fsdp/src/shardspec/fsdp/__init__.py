@@ -8,7 +8,7 @@ without dropping or misattributing shards. The torch-facing names import torch w
 
 from __future__ import annotations
 
-from typing import Any
+from shardspec.metadata.lazy import lazy_exports
 
 from .placements import Placement, Replicate, ShardDim, StridedShardDim
 from .rules import (
@@ -51,11 +51,5 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    # The FSDP hooks need torch; the rules do not, so they load on first use.
-    if name in _LAZY:
-        import importlib
-
-        module = importlib.import_module(f"{__name__}.{_LAZY[name]}")
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The FSDP hooks need torch; the rules do not, so they load on first use.
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

@@ -14,6 +14,7 @@ from .chunk import chunk_bounds, chunk_layout, chunk_size
 from .errors import ConversionError, LayoutError
 from .infer import infer_spec
 from .layout import Layout, Shard
+from .lazy import lazy_exports
 from .render import render
 from .serialize import layout_from_dict, layout_from_json, layout_to_dict, layout_to_json
 from .specs import ChunkSpec, EnumerableSpec
@@ -64,19 +65,7 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 
 __all__ = [

@@ -509,6 +509,22 @@ def _bytes_of(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided((t.numel(),), (1,)).view(torch.uint8)
 
 
+def _wire_buffer(
+    span: _Span | None, quota: list[int], lengths: list[int], dev: torch.device, side: str
+) -> torch.Tensor:
+    """One round's worth of wire bytes per peer, or the tensor ``span`` itself when the
+    pieces already lie in it in wire order (no copy; counted in DIRECT_COUNTS[side])."""
+    import torch
+
+    if span is None:
+        size = sum(min(q, n) for q, n in zip(quota, lengths))
+        return torch.empty(size, dtype=torch.uint8, device=dev)
+    buf = _flat_bytes(span)
+    assert buf.numel() == sum(lengths)
+    DIRECT_COUNTS[side] += 1
+    return buf
+
+
 def _flat_bytes(span: _Span) -> torch.Tensor:
     t, lo, hi = span
     return _bytes_of(t)[lo:hi]
@@ -524,7 +540,6 @@ def _exchange(
     dev: torch.device,
     budget: int | None,
 ) -> None:
-    import torch
     import torch.distributed as dist
 
     sends, recvs = streams.sends, streams.recvs
@@ -559,35 +574,15 @@ def _exchange(
         return
     send_q = [_align(-(-n // rounds)) for n in send_len]
     recv_q = [_align(-(-n // rounds)) for n in recv_len]
-    if send_span is None:
-        send_buf = torch.empty(
-            sum(min(q, n) for q, n in zip(send_q, send_len)), dtype=torch.uint8, device=dev
-        )
-    else:
-        send_buf = _flat_bytes(send_span)
-        assert send_buf.numel() == sum(send_len)
-        DIRECT_COUNTS["send"] += 1
-    if recv_span is None:
-        recv_buf = torch.empty(
-            sum(min(q, n) for q, n in zip(recv_q, recv_len)), dtype=torch.uint8, device=dev
-        )
-    else:
-        recv_buf = _flat_bytes(recv_span)
-        assert recv_buf.numel() == sum(recv_len)
-        DIRECT_COUNTS["recv"] += 1
+    send_buf = _wire_buffer(send_span, send_q, send_len, dev, "send")
+    recv_buf = _wire_buffer(recv_span, recv_q, recv_len, dev, "recv")
     send_ptr = [0] * world
     recv_ptr = [0] * world
     for t in range(rounds):
         in_splits = _windows(send_q, send_len, t)
         out_splits = _windows(recv_q, recv_len, t)
         if send_span is None:
-            base = 0
-            for peer in range(world):
-                lo, hi = t * send_q[peer], t * send_q[peer] + in_splits[peer]
-                send_ptr[peer] = _walk(
-                    sends[peer], send_ptr[peer], lo, hi, send_buf, base, pack=True
-                )
-                base += in_splits[peer]
+            _walk_round(sends, send_ptr, send_q, in_splits, t, send_buf, pack=True)
         dist.all_to_all_single(
             recv_buf[: sum(out_splits)],
             send_buf[: sum(in_splits)],
@@ -596,13 +591,26 @@ def _exchange(
             group=group,
         )
         if recv_span is None:
-            base = 0
-            for peer in range(world):
-                lo, hi = t * recv_q[peer], t * recv_q[peer] + out_splits[peer]
-                recv_ptr[peer] = _walk(
-                    recvs[peer], recv_ptr[peer], lo, hi, recv_buf, base, pack=False
-                )
-                base += out_splits[peer]
+            _walk_round(recvs, recv_ptr, recv_q, out_splits, t, recv_buf, pack=False)
+
+
+def _walk_round(
+    pieces: list[list[_Entry]],
+    ptr: list[int],
+    quota: list[int],
+    splits: list[int],
+    t: int,
+    buf: torch.Tensor,
+    *,
+    pack: bool,
+) -> None:
+    """Round ``t``: pack each peer's next ``splits[peer]`` wire bytes into ``buf`` (or unpack
+    them from it), peer after peer; ``ptr`` keeps each peer's place in its pieces."""
+    base = 0
+    for peer, n in enumerate(splits):
+        lo = t * quota[peer]
+        ptr[peer] = _walk(pieces[peer], ptr[peer], lo, lo + n, buf, base, pack=pack)
+        base += n
 
 
 def _windows(q: list[int], lengths: list[int], t: int) -> list[int]:

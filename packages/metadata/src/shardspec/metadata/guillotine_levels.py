@@ -15,6 +15,7 @@ sort key.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from .guillotine import Bounds, Gap, Overlap, Problem, gap_by_sections, sweep_overlap
@@ -38,14 +39,7 @@ __all__ = [
 def fits(k: int, shape: tuple[int, ...]) -> bool:
     """Whether k boxes in a tensor of ``shape`` can be keyed as group * bound + coordinate."""
     bound = max(shape, default=0) + 1
-    return (k + 1) * bound < 2**62 and _numel(shape) < 2**62
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
+    return (k + 1) * bound < 2**62 and math.prod(shape) < 2**62
 
 
 class _Sorted:
@@ -90,7 +84,7 @@ def find_problem_columns(lo: _Ints, hi: _Ints, shape: tuple[int, ...]) -> Proble
     if pair is not None:
         return Overlap(*pair)
     # Disjoint boxes in bounds cover the tensor exactly when their volumes add up to it.
-    if int(np.prod(hi - lo, axis=0).sum()) == _numel(shape):
+    if int(np.prod(hi - lo, axis=0).sum()) == math.prod(shape):
         return None
     point = find_gap_columns(lo, hi, shape)
     assert point is not None, "the volume is short but no gap was found"
@@ -249,7 +243,7 @@ def find_gap_columns(lo: _Ints, hi: _Ints, shape: tuple[int, ...]) -> tuple[int,
             region_lo = tuple(int(v) for v in rlo[:, g])
             region_hi = tuple(int(v) for v in rhi[:, g])
             volume = int(np.prod(hi[:, members] - lo[:, members], axis=0).sum())
-            if volume != _numel(tuple(b - a for a, b in zip(region_lo, region_hi))):
+            if volume != math.prod(tuple(b - a for a, b in zip(region_lo, region_hi))):
                 bounds = _bounds(lo, hi, members)
                 return gap_by_sections(bounds, list(range(len(members))), region_lo, region_hi)
         go = ~uncut[group]

@@ -2,32 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
-from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, strategies as st
+from reshard_index_paths import indexed
 
 from shardspec.metadata import Box, Layout, LayoutError, Shard, chunk_layout
 from shardspec.metadata.strategies import shapes, valid_layouts
-from shardspec.reshard import Piece, index as index_module, plan, planner as planner_module
+from shardspec.reshard import Piece, plan
 from shardspec.reshard.blocks import flat_blocks
 from shardspec.reshard.index import BoxIndex
-
-
-@contextlib.contextmanager
-def indexed(force: bool) -> Iterator[None]:
-    """With ``force``, small layouts take the NumPy set-up and grid/tree indexes too (they
-    normally take the plain-Python scan), so both paths meet every generated case."""
-    saved = planner_module._SMALL, index_module._SCAN
-    if force:
-        planner_module._SMALL, index_module._SCAN = 0, 0
-    try:
-        yield
-    finally:
-        planner_module._SMALL, index_module._SCAN = saved
 
 
 def points(box: Box) -> list[tuple[int, ...]]:

@@ -6,12 +6,10 @@ benchmarks/bench_read_planning.py (RESHARD-7)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import pytest
 from hypothesis import given, strategies as st
 from reshard_dcp_triples import our_triples, upstream_triples
+from reshard_index_paths import indexed
 
 from shardspec.metadata import Box, Layout, chunk_layout
 from shardspec.metadata.strategies import (
@@ -22,20 +20,6 @@ from shardspec.metadata.strategies import (
     shapes,
     with_replicas,
 )
-from shardspec.reshard import index as index_module, planner as planner_module
-
-
-@contextlib.contextmanager
-def indexed(force: bool) -> Iterator[None]:
-    """With ``force``, small layouts take the NumPy set-up and the grid / tree indexes that
-    layouts of more than 16 shards take, instead of the plain scan."""
-    saved = planner_module._SMALL, index_module._SCAN
-    if force:
-        planner_module._SMALL, index_module._SCAN = 0, 0
-    try:
-        yield
-    finally:
-        planner_module._SMALL, index_module._SCAN = saved
 
 
 @st.composite

@@ -1,0 +1,214 @@
+"""Run one standalone upstream repro the way ``torchrun`` would, listening on loopback only.
+
+A repro (``conformance/repros/<id>.py``) is plain torch that a PyTorch maintainer runs as
+``torchrun --standalone --nproc-per-node N <id>.py``. It prints a line starting ``DIVERGES`` and
+exits 1 on any rank where upstream breaks the spec, and exits 0 everywhere once upstream is
+fixed. It may print ``BOXES {json}`` lines (the boxes the spec gives beside the boxes torch
+gave) for the report to draw.
+
+``torchrun --standalone`` would start its store on every interface; here the driver binds a
+listening socket to 127.0.0.1 itself and hands it to a ``TCPStore`` (``master_listen_fd``), and
+the ranks join it as torchrun's agent store (``TORCHELASTIC_USE_AGENT_STORE``), with gloo on
+the loopback device. Usage: ``python -m conformance.repro_run conformance/repros/<id>.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+REPROS = Path(__file__).resolve().parent / "repros"
+# The fields every repro's DEFECT literal must state; see conformance/repros/README.md.
+REQUIRED = ("id", "title", "area", "rule", "upstream", "nproc", "torch_does", "spec_says")
+
+
+def read_defect(path: Path) -> dict[str, Any]:
+    """The ``DEFECT = {...}`` literal at the top of a repro, read without running it."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id == "DEFECT"
+        ):
+            defect = ast.literal_eval(node.value)
+            if not isinstance(defect, dict):
+                raise ValueError(f"{path}: DEFECT must be a dict literal")
+            missing = [k for k in REQUIRED if k not in defect]
+            if missing:
+                raise ValueError(f"{path}: DEFECT lacks {', '.join(missing)}")
+            if defect["id"] != path.stem:
+                raise ValueError(f"{path}: DEFECT id {defect['id']!r} is not the file name")
+            if defect["upstream"] is None and not defect.get("issue_text"):
+                raise ValueError(f"{path}: not reported upstream, so it needs an issue_text")
+            return defect
+    raise ValueError(f"{path}: no DEFECT = {{...}} literal")
+
+
+def all_repros() -> list[Path]:
+    return sorted(p for p in REPROS.glob("*.py") if not p.name.startswith("_"))
+
+
+@dataclass
+class ReproResult:
+    id: str
+    nproc: int
+    outcome: str  # reproduced | fixed | broken | skipped | timeout
+    exit_codes: list[int | None]
+    output: dict[int, str]
+    boxes: list[dict[str, Any]] = field(default_factory=list)
+    divergences: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def reproduced(self) -> bool:
+        return self.outcome == "reproduced"
+
+
+def _loopback_store(world: int) -> tuple[Any, int]:
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(world * 4)
+    port = listener.getsockname()[1]
+    store = TCPStore(
+        "127.0.0.1",
+        port,
+        world,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=120),
+        master_listen_fd=listener.fileno(),
+        use_libuv=True,
+    )
+    listener.detach()  # the store owns the descriptor now and closes it
+    return store, port
+
+
+def _classify(codes: list[int | None], text: dict[int, str]) -> tuple[str, list[str]]:
+    lines = [ln for out in text.values() for ln in out.splitlines()]
+    diverges = [ln for ln in lines if ln.startswith("DIVERGES")]
+    skipped = [ln for ln in lines if ln.startswith("SKIPPED")]
+    if any(c is None for c in codes):
+        return ("reproduced" if diverges else "timeout"), diverges
+    if diverges:
+        return "reproduced", diverges
+    if skipped and all(c == 0 for c in codes):
+        return "skipped", skipped
+    if all(c == 0 for c in codes):
+        return "fixed", []
+    return "broken", []
+
+
+def run_repro(path: Path, nproc: int | None = None, timeout: float = 180.0) -> ReproResult:
+    """Run the repro on ``nproc`` ranks (its DEFECT's by default) and classify what it did.
+
+    ``reproduced``: some rank printed DIVERGES; ``fixed``: every rank exited 0 without it;
+    ``skipped``: it said it cannot run here (a missing package); ``broken``: it failed without
+    saying it diverged (a bug in the repro, not in torch); ``timeout``: ranks still running.
+    """
+    defect = read_defect(path)
+    world = int(nproc or defect["nproc"])
+    store, port = _loopback_store(world)
+    env_base = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world),
+        "GROUP_RANK": "0",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="shardspec-repro-") as tmp:
+        procs: list[subprocess.Popen[bytes]] = []
+        logs = []
+        for rank in range(world):
+            log = open(Path(tmp) / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed below
+            logs.append(log)
+            env = {**env_base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(path)],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            )
+        deadline = t0 + timeout
+        codes: list[int | None] = [None] * world
+        while time.monotonic() < deadline and any(c is None for c in codes):
+            codes = [p.poll() for p in procs]
+            time.sleep(0.05)
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for log in logs:
+            log.close()
+        text = {
+            r: (Path(tmp) / f"rank{r}.log").read_text(errors="replace") for r in range(world)
+        }
+    del store
+    outcome, divergences = _classify(codes, text)
+    boxes = [
+        json.loads(ln.split(" ", 1)[1])
+        for out in text.values()
+        for ln in out.splitlines()
+        if ln.startswith("BOXES ")
+    ]
+    return ReproResult(
+        defect["id"],
+        world,
+        outcome,
+        codes,
+        text,
+        boxes,
+        sorted(set(divergences)),
+        time.monotonic() - t0,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("repro", nargs="*", type=Path, help="repro files (default: all)")
+    parser.add_argument("--nproc", type=int, default=None)
+    parser.add_argument("-v", "--verbose", action="store_true", help="print every rank's output")
+    args = parser.parse_args(argv)
+    worst = 0
+    for path in args.repro or all_repros():
+        res = run_repro(path, args.nproc)
+        print(f"{res.id}: {res.outcome} on {res.nproc} rank(s) in {res.seconds:.1f} s")
+        for line in res.divergences[:4]:
+            print(f"  {line}")
+        if args.verbose or res.outcome in ("broken", "timeout"):
+            for rank, out in res.output.items():
+                tail = "\n".join(out.strip().splitlines()[-15:])
+                print(f"  --- rank {rank} (exit {res.exit_codes[rank]}) ---\n{tail}")
+        if res.outcome in ("broken", "timeout"):
+            worst = 1
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(main())

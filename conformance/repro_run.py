@@ -164,9 +164,7 @@ def run_repro(path: Path, nproc: int | None = None, timeout: float = 180.0) -> R
                 p.wait()
         for log in logs:
             log.close()
-        text = {
-            r: (Path(tmp) / f"rank{r}.log").read_text(errors="replace") for r in range(world)
-        }
+        text = {r: (Path(tmp) / f"rank{r}.log").read_text(errors="replace") for r in range(world)}
     del store
     outcome, divergences = _classify(codes, text)
     boxes = [

@@ -1,13 +1,14 @@
 """FSDP's TP state-dict helper reports uneven TP shards at floor-division offsets."""
 
+import json
 import sys
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+import torch.distributed.fsdp  # first: the module below has an import cycle
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
-import torch.distributed.fsdp  # noqa: F401  (imports the module below without a cycle)
 from torch.distributed.tensor.parallel.fsdp import _get_local_box
 
 DEFECT = {
@@ -27,16 +28,19 @@ DEFECT = {
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))
 rank, world = dist.get_rank(), dist.get_world_size()
-mesh = init_device_mesh("cpu", (world,))
 full = torch.arange(5).reshape(5, 1)  # row i holds the value i
-dt = distribute_tensor(full, mesh, [Shard(0)])
+dt = distribute_tensor(full, init_device_mesh("cpu", (world,)), [Shard(0)])
+rows = dt.to_local().flatten().tolist()
 offsets, sizes = _get_local_box(dt)
-first_row = int(dt.to_local()[0, 0]) if dt.to_local().numel() else full.shape[0]
-print("BOXES", f'{{"rank": {rank}, "shape": [{full.shape[0]}], "spec": [[[{first_row}], [{sizes[0]}]]], "torch": [[[{offsets[0]}], [{sizes[0]}]]]}}')
-bad = offsets[0] != first_row
+start = rows[0] if rows else full.shape[0]
+box = {"rank": rank, "shape": [5], "spec": [[[start], [len(rows)]]]}
+print("BOXES", json.dumps({**box, "torch": [[[offsets[0]], [sizes[0]]]]}))
+bad = offsets[0] != start
 if bad:
-    print(f"DIVERGES rank {rank}: _get_local_box says rows [{offsets[0]}, {offsets[0] + sizes[0]}) "
-          f"but the local tensor holds rows {dt.to_local().flatten().tolist()}; the spec says offset {first_row}")
+    print(
+        f"DIVERGES rank {rank}: _get_local_box says rows [{offsets[0]}, {offsets[0] + sizes[0]}) "
+        f"but the local tensor holds rows {rows}; the spec says offset {start}"
+    )
 dist.barrier()
 dist.destroy_process_group()
 sys.exit(1 if bad else 0)

@@ -4,7 +4,7 @@ A repro (``conformance/repros/<id>.py``) is plain torch that a PyTorch maintaine
 ``torchrun --standalone --nproc-per-node N <id>.py``. It prints a line starting ``DIVERGES`` and
 exits 1 on any rank where upstream breaks the spec, and exits 0 everywhere once upstream is
 fixed. It may print ``BOXES {json}`` lines (the boxes the spec gives beside the boxes torch
-gave) for the report to draw.
+gave) for the report to draw, and ``PERF {json}`` lines (what a performance repro measured).
 
 ``torchrun --standalone`` would start its store on every interface; here the driver binds a
 listening socket to 127.0.0.1 itself and hands it to a ``TCPStore`` (``master_listen_fd``), and
@@ -15,6 +15,7 @@ the loopback device. Usage: ``python -m conformance.repro_run conformance/repros
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import signal
@@ -69,6 +70,7 @@ class ReproResult:
     exit_codes: list[int | None]
     output: dict[int, str]
     boxes: list[dict[str, Any]] = field(default_factory=list)
+    perf: list[dict[str, Any]] = field(default_factory=list)
     divergences: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -111,6 +113,17 @@ def _classify(codes: list[int | None], text: dict[int, str]) -> tuple[str, list[
     if all(c == 0 for c in codes):
         return "fixed", []
     return "broken", []
+
+
+def _json_lines(text: dict[int, str], tag: str) -> list[dict[str, Any]]:
+    found = []
+    for out in text.values():
+        for line in out.splitlines():
+            if line.startswith(tag):
+                # a line cut short by a dying rank: the DIVERGES lines still tell
+                with contextlib.suppress(ValueError):
+                    found.append(json.loads(line[len(tag) :]))
+    return found
 
 
 def run_repro(path: Path, nproc: int | None = None, timeout: float = 180.0) -> ReproResult:
@@ -167,19 +180,14 @@ def run_repro(path: Path, nproc: int | None = None, timeout: float = 180.0) -> R
         text = {r: (Path(tmp) / f"rank{r}.log").read_text(errors="replace") for r in range(world)}
     del store
     outcome, divergences = _classify(codes, text)
-    boxes = [
-        json.loads(ln.split(" ", 1)[1])
-        for out in text.values()
-        for ln in out.splitlines()
-        if ln.startswith("BOXES ")
-    ]
     return ReproResult(
         defect["id"],
         world,
         outcome,
         codes,
         text,
-        boxes,
+        _json_lines(text, "BOXES "),
+        _json_lines(text, "PERF "),
         sorted(set(divergences)),
         time.monotonic() - t0,
     )

@@ -88,7 +88,7 @@ def validate_grid(sizes: tuple[int, ...] = (1024, 4096), limit: float = 30.0) ->
     )
 
 
-def dcp_read_planning(sizes: tuple[int, ...] = (250, 1000), limit: float = 60.0) -> Probe:
+def dcp_read_planning(sizes: tuple[int, ...] = (200, 800), limit: float = 120.0) -> Probe:
     bench = _bench("reshard", "bench_read_planning")
     case = "cols -> cols"
     torch_s: list[float | None] = []
@@ -117,10 +117,12 @@ def _best(fn: Any, repeats: int = 3) -> float:
         t = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t)
+        if best > 0.5:  # slow enough that one run is well above the noise
+            break
     return best
 
 
-def dcp_save_plan_validation(sizes: tuple[int, ...] = (500, 2000)) -> Probe:
+def dcp_save_plan_validation(sizes: tuple[int, ...] = (250, 1000)) -> Probe:
     from torch.distributed.checkpoint.default_planner import _validate_global_plan
     from torch.distributed.checkpoint.metadata import Metadata
 

@@ -1,16 +1,31 @@
-"""Run the conformance suite and write a report: ``python -m conformance.report --out NAME``.
+"""Run the conformance suite and write a report: ``python -m conformance.report --out DIR``.
 
-Writes ``NAME.md`` (readable on its own: a table per area, then every divergence with its
-shrunk example, the rule it breaks, what the spec says, what the implementation did and the
-upstream issue when known) and ``NAME.json``. Extra arguments go to pytest. Exits 0 when the
-suite ran, whatever it found: this is a report, not a gate.
+Against torch (``SHARDSPEC_IMPL=torch``) it runs the suite, every standalone repro
+(``conformance/repros``, each on its own ranks, so one crash never hides another) and the
+performance probes, and writes into ``DIR``:
+
+- ``report.md``: an environment header, then one entry per divergence (one defect, however
+  many tests and world sizes show it: the one rule it breaks, what torch does and what the spec
+  says, the repro and whether it reproduced, the upstream issue or a ready-to-file issue text,
+  the suite's shrunk examples), then every test by area;
+- ``report.json``: one object per divergence (``id``, ``area``, ``rule``, ``upstream``,
+  ``world_sizes``, ``repro``, ``reproduced``, ...), the probes, every test case;
+- ``report.html``: the same divergences, each layout divergence drawn (spec beside torch);
+- ``repro/<id>.py``: the repros, each runnable as
+  ``torchrun --standalone --nproc-per-node N repro/<id>.py``.
+
+Extra arguments go to pytest. Exits 0 when the suite ran, whatever it found: a report, not a
+gate.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -19,6 +34,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from conformance.perf_probes import Probe, run_all as run_all_probes
+from conformance.report_draw import render_html
+from conformance.report_entries import Entry, build_entries
+from conformance.repro_run import ReproResult, all_repros, read_defect, run_repro
 
 ROOT = Path(__file__).resolve().parent.parent
 RULE_HEADING = re.compile(r"^###\s+([A-Z][A-Z0-9]*-\d+)\s*[:—-]\s*(.+?)\s*$")
@@ -165,19 +185,11 @@ class Collector:
         return rep
 
 
-def render(impl: str, cases: list[Case], seconds: float) -> str:
-    rules = read_rules()
+def _area_tables(cases: list[Case]) -> list[str]:
     areas: dict[str, list[Case]] = {}
     for c in cases:
         areas.setdefault(c.area, []).append(c)
     out = [
-        f"# Conformance report: `{impl}`",
-        "",
-        f"The shardspec conformance suite run against `{impl}` "
-        f"({len(cases)} tests, {seconds:.0f} s). Each test is a property checked on up to "
-        "the Hypothesis profile's number of examples; a divergence is a test that found a case "
-        "where the implementation breaks a rule of the spec, shrunk to a minimal example.",
-        "",
         "| area | passed | diverged | of which known | unsupported | other |",
         "|---|---|---|---|---|---|",
     ]
@@ -189,7 +201,7 @@ def render(impl: str, cases: list[Case], seconds: float) -> str:
             f"| {area} | {n['passed']} | {n['diverged']} | {known} | {n['unsupported']} | {other} |"
         )
     for area, cs in sorted(areas.items()):
-        out += ["", f"## {area}", "", "| test | rules | outcome |", "|---|---|---|"]
+        out += ["", f"### {area}", "", "| test | rules | outcome |", "|---|---|---|"]
         for c in cs:
             name = c.test.split("::", 1)[1]
             what = c.outcome + (" (known)" if c.known else "")
@@ -199,113 +211,240 @@ def render(impl: str, cases: list[Case], seconds: float) -> str:
                 total = sum(c.unsupported_examples.values())
                 what += f"; {total} example(s) unsupported: " + "; ".join(c.unsupported_examples)
             out.append(f"| `{name}` | {', '.join(c.rules)} | {what} |")
-    divergences = [c for c in cases if c.outcome in ("diverged", "error")]
-    if divergences:
+    return out
+
+
+def _entry_md(i: int, e: Entry, rules: dict[str, str], probes: dict[str, Probe]) -> list[str]:
+    out = [f'<a id="{e.id}"></a>', f"### {i}. {e.id}: {e.title}", ""]
+    rule = e.rule or ", ".join(e.rules_cited)
+    out.append(f"- **Breaks {rule}**: {rules.get(e.rule or '', '(see the rules cited)')}")
+    out.append(f"- **Upstream**: {e.upstream or 'not reported upstream (issue text below)'}")
+    out.append(f"- **World sizes**: {', '.join(map(str, e.world_sizes)) or '-'}")
+    if e.repro:
+        state = "reproduces" if e.reproduced else f"**does not reproduce** ({e.repro_outcome})"
+        out.append(
+            f"- **Repro**: [`{e.repro}`]({e.repro}), "
+            f"`torchrun --standalone --nproc-per-node {max(e.world_sizes)} {e.repro}`: {state}"
+        )
+    if e.torch_does:
+        out.append(f"- **What torch does**: {e.torch_does}")
+    if e.spec_says:
+        out.append(f"- **What the spec says**: {e.spec_says}")
+    if e.divergences:
+        out += ["", "The repro printed:", "", "```", *e.divergences[:8], "```"]
+    probe = probes.get(e.probe or "")
+    if probe is not None:
+        theirs, ours = probe.growth()
         out += [
             "",
-            "## Summary of divergences",
-            "",
-            "| # | test | rules | known defect | upstream issue/PR |",
-            "|---|---|---|---|---|",
-        ]
-        for i, c in enumerate(divergences, 1):
-            name = c.test.split("::", 1)[1]
-            kind = "yes" if c.known else ("error" if c.outcome == "error" else "new")
-            out.append(
-                f"| [{i}](#{i}) | `{name}` | {', '.join(c.rules)} | {kind} | {c.issue or '-'} |"
+            f"Measured in this run ({probe.what}): "
+            + ", ".join(
+                f"n={n}: torch {_secs(t)}, ours {_secs(o)}, {r}"
+                for n, t, o, r in zip(
+                    probe.sizes, probe.torch_seconds, probe.ours_seconds, probe.ratios()
+                )
             )
-    out += ["", "## Divergences", ""]
-    if not divergences:
-        out.append("None.")
-    for i, c in enumerate(divergences, 1):
-        out += [f'<a id="{i}"></a>', f"### {i}. `{c.test}`", ""]
-        for r in c.rules:
-            out.append(f"- **Breaks {r}**, which says: {rules.get(r, '(not in spec/)')}")
-        if c.known:
-            reason = (c.reason or "").removeprefix("upstream: ")
-            out.append(f"- **Known upstream defect**: {reason}")
-        out.append(f"- **Upstream issue/PR**: {c.issue or 'none known'}")
-        out += ["", f"What `{impl}` did:", "", "```", (c.message or "").strip(), "```"]
-        if c.example:
-            out += ["", "Minimal (shrunk) example:", "", "```", c.example, "```"]
+            + f"; growth torch n^{theirs}, ours n^{ours}.",
+        ]
+    if e.perf:
+        worst = max(e.perf, key=lambda p: p.get("torch_s", 0) / max(p.get("a2a_s", 1e-9), 1e-9))
+        out += ["", f"Measured in this run (slowest rank): `{json.dumps(worst)}`"]
+    shown = [inst for inst in e.instances if inst.outcome in ("diverged", "error")]
+    if shown:
+        out += ["", f"Found by the suite ({len(shown)} test(s)):"]
+    for inst in shown[:4]:
+        out += ["", f"`{inst.test}`", "", "```", (inst.message or "").strip(), "```"]
+        if inst.example:
+            out += ["Shrunk example:", "```", inst.example, "```"]
+    if e.issue_text:
+        out += ["", "<details><summary>Ready-to-file issue text</summary>", "", e.issue_text]
+        out += ["", "</details>"]
+    return out + [""]
+
+
+def _shown(e: Entry) -> bool:
+    """A divergence to report: reproduced, found by the suite, or a repro that misbehaved
+    (broken, timed out) rather than one that says upstream is fixed."""
+    found = any(i.outcome in ("diverged", "error") for i in e.instances)
+    return e.reproduced or found or e.repro_outcome not in (None, "fixed", "skipped")
+
+
+def _secs(t: float | None) -> str:
+    return "over the limit" if t is None else f"{t * 1e3:.2f} ms"
+
+
+def render(
+    impl: str,
+    header: list[tuple[str, str]],
+    cases: list[Case],
+    entries: list[Entry],
+    probes: list[Probe],
+    seconds: float,
+) -> str:
+    rules = read_rules()
+    by_probe = {p.id: p for p in probes}
+    shown = [e for e in entries if _shown(e)]
+    out = [f"# Conformance report: `{impl}`", "", "| | |", "|---|---|"]
+    out += [f"| {k} | {v} |" for k, v in header]
+    out += [
+        "",
+        f"The shardspec conformance suite ({len(cases)} tests, {seconds:.0f} s in all) and "
+        f"{sum(e.repro is not None for e in entries)} standalone repros run against `{impl}`. "
+        "Each divergence below is one defect, whatever the number of tests or world sizes that "
+        "show it, with the one rule it breaks, a repro a maintainer can run (`repro/`), and the "
+        "upstream issue or a ready-to-file issue text. `report.html` draws every layout "
+        "divergence; `report.json` has one object per divergence.",
+        "",
+        "## Divergences",
+        "",
+        "| # | id | area | rule | upstream | world sizes | repro |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for i, e in enumerate(shown, 1):
+        repro = "-" if e.repro is None else ("reproduces" if e.reproduced else e.repro_outcome)
+        worlds = ", ".join(map(str, e.world_sizes)) or "-"
+        out.append(
+            f"| {i} | [{e.id}](#{e.id}) | {e.area} | {e.rule or ', '.join(e.rules_cited)} | "
+            f"{e.upstream or 'not reported'} | {worlds} | {repro} |"
+        )
+    out += [""]
+    for i, e in enumerate(shown, 1):
+        out += _entry_md(i, e, rules, by_probe)
+    fixed = [e for e in entries if e not in shown]
+    if fixed:
+        out += ["## Known defects that no longer reproduce", ""]
+        out += [f"- `{e.id}` ({e.upstream or 'not reported'}): {e.title}" for e in fixed]
         out.append("")
-    if impl == "torch":
-        out += _performance_section(rules)
+    out += ["## Every test, by area", "", *_area_tables(cases)]
     return "\n".join(out).rstrip() + "\n"
 
 
-# Upstream defects that are about cost, not correctness: tests never assert wall-clock, so
-# they are measured by the benchmarks (`nox -s bench`) and listed here with where to look.
-PERFORMANCE = [
-    (
-        "LAYOUT-4",
-        "torch's N-D overlap check (`validate_non_overlapping_shards_metadata`) grows as "
-        "n^1.5 on grid layouts: 3.1 s for a 316x316 grid when recorded",
-        "packages/metadata/benchmarks/bench_validate.py",
-    ),
-    (
-        "RESHARD-7",
-        "DCP read planning (`create_read_items_for_chunk_list`) is O(n*m): 4.9 s and 0.8 GB "
-        "for 1000 row chunks read as 1000 column chunks, 24 s and 3.2 GB at 2000 when recorded",
-        "none yet: bench_reshard.py times our planner against a naive all-pairs one, not DCP's",
-    ),
-    (
-        "RESHARD-2",
-        "DTensor `Shard(0) -> Shard(1)` on CPU falls back to all-gather + chunk: peak memory "
-        "twice the global tensor, 3-9x slower than one `all_to_all_single` when recorded",
-        "packages/reshard/benchmarks/bench_reshard.py",
-    ),
-]
+def environment(impl: str, seed: int | None, profile: str, worlds: str) -> list[tuple[str, str]]:
+    import platform
+    from importlib import metadata
 
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
 
-def _performance_section(rules: dict[str, str]) -> list[str]:
-    out = [
-        "## Performance divergences",
-        "",
-        "Not checked by the suite (no test asserts wall-clock time); the figures were measured "
-        "when the defects were recorded (shared/DESIGN.md section 6), and `nox -s bench` "
-        "measures them again as ratios against shardspec in the same run.",
-        "",
-        "| rule | what upstream does | benchmark |",
-        "|---|---|---|",
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return [
+        ("implementation", impl),
+        ("torch", version("torch")),
+        ("torchrec", version("torchrec")),
+        (
+            "fbgemm-gpu",
+            version("fbgemm-gpu-cpu")
+            if version("fbgemm-gpu") == "not installed"
+            else version("fbgemm-gpu"),
+        ),
+        ("python", platform.python_version()),
+        ("platform", platform.platform()),
+        ("backend", os.environ.get("SHARDSPEC_BACKEND", "gloo")),
+        ("world sizes", worlds),
+        ("Hypothesis profile", profile),
+        ("Hypothesis seed", "derandomized (reproducible)" if seed is None else str(seed)),
+        ("shardspec commit", commit or "unknown"),
+        ("date", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())),
     ]
-    for rule, what, bench in PERFORMANCE:
-        where = f"`{bench}`" if bench.endswith(".py") else bench
-        out.append(f"| {rule}: {rules.get(rule, '')} | {what} | {where} |")
-    return out + [""]
+
+
+def run_repros(jobs: int = 2) -> dict[str, ReproResult]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    paths = all_repros()
+    results: dict[str, ReproResult] = {}
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for path, res in zip(paths, pool.map(run_repro, paths)):
+            results[path.stem] = res
+            print(f"repro {res.id}: {res.outcome} ({res.seconds:.0f} s)", flush=True)
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", default="conformance-report", help="output path without suffix")
+    parser.add_argument("--out", default="conformance-report", help="the report's folder")
+    parser.add_argument("--seed", type=int, default=None, help="Hypothesis seed (default: drawn)")
+    parser.add_argument("--no-suite", action="store_true", help="repros and probes only")
+    parser.add_argument("--no-repros", action="store_true", help="skip the standalone repros")
+    parser.add_argument("--no-probes", action="store_true", help="skip the performance probes")
     args, rest = parser.parse_known_args(argv)
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
+    from hypothesis import settings
+
     from conformance.impls import impl_name
+
+    impl = impl_name()
+    profile = os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default")
+    derandomized = bool(settings.get_profile(profile).derandomize)
+    seed = None if derandomized else (args.seed or int.from_bytes(os.urandom(4), "little"))
+    out = Path(args.out)
+    (out / "repro").mkdir(parents=True, exist_ok=True)
 
     collector = Collector()
     t0 = time.monotonic()
-    code = pytest.main(
-        [str(ROOT / "conformance" / "tests"), "-p", "no:cacheprovider", "-q", *rest],
-        plugins=[collector],
-    )
-    seconds = time.monotonic() - t0
+    code = pytest.ExitCode.OK
+    if not args.no_suite:
+        seed_args = [] if seed is None else [f"--hypothesis-seed={seed}"]
+        code = pytest.main(
+            [
+                str(ROOT / "conformance" / "tests"),
+                "-p",
+                "no:cacheprovider",
+                "-q",
+                *seed_args,
+                *rest,
+            ],
+            plugins=[collector],
+        )
     cases = list(collector.cases.values())
-    impl = impl_name()
-    out = Path(args.out)
-    out.with_suffix(".md").write_text(render(impl, cases, seconds))
-    out.with_suffix(".json").write_text(
+    print("running the standalone repros", flush=True)
+    results = {} if args.no_repros else run_repros()
+    print("running the performance probes", flush=True)
+    probes = [] if args.no_probes or impl != "torch" else run_all_probes()
+    seconds = time.monotonic() - t0
+
+    defects = [read_defect(p) for p in all_repros()]
+    for path in all_repros():
+        shutil.copy(path, out / "repro" / path.name)
+    entries = (
+        build_entries(cases, defects, results) if impl == "torch" else build_entries(cases, [], {})
+    )
+    worlds = os.environ.get("SHARDSPEC_MAX_WORLD", "4")
+    header = environment(impl, seed, profile, f"suite 1..{worlds}; repros as each needs")
+    (out / "report.md").write_text(render(impl, header, cases, entries, probes, seconds))
+    (out / "report.html").write_text(
+        render_html(f"Conformance report: {impl}", header, [e for e in entries if _shown(e)])
+    )
+    (out / "report.json").write_text(
         json.dumps(
             {
                 "impl": impl,
+                "environment": dict(header),
                 "pytest_exit_code": int(code),
                 "seconds": round(seconds, 1),
+                "divergences": [e.as_json() for e in entries if _shown(e)],
+                "fixed": [e.id for e in entries if not _shown(e)],
+                "performance": [p.as_json() for p in probes],
                 "cases": [asdict(c) for c in cases],
             },
             indent=2,
         )
     )
-    print(f"conformance report: {out.with_suffix('.md')} and {out.with_suffix('.json')}")
+    missing = [e.id for e in entries if e.repro and not e.reproduced]
+    print(
+        f"conformance report: {out}/report.md, report.html, report.json, repro/ ({seconds:.0f} s)"
+    )
+    if missing and impl == "torch":
+        print(f"repros that did not reproduce: {', '.join(missing)}")
     ran = int(code) in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)
     return 0 if ran else int(code)
 

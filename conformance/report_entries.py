@@ -49,6 +49,9 @@ class Entry:
     boxes: list[dict[str, Any]] = field(default_factory=list)
     instances: list[Instance] = field(default_factory=list)
     known: bool = False
+    kind: str = "correctness"
+    probe: str | None = None
+    perf: list[dict[str, Any]] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         """The report.json object: the fields a script reads first, then the detail."""
@@ -65,6 +68,7 @@ class Entry:
             "torch_does": self.torch_does,
             "spec_says": self.spec_says,
             "known": self.known,
+            "kind": self.kind,
             "issue_text": self.issue_text,
             "divergences": self.divergences,
             "boxes": self.boxes,
@@ -145,6 +149,9 @@ def build_entries(
                 boxes=[] if res is None else list(res.boxes),
                 instances=[_instance(c) for c in by_defect[d["id"]]],
                 known=True,
+                kind=d.get("kind", "correctness"),
+                probe=d.get("probe"),
+                perf=[] if res is None else list(res.perf),
             )
         )
     for fn, cs in sorted(unexplained.items()):

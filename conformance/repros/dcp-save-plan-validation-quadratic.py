@@ -21,8 +21,9 @@ DEFECT = {
     "probe": "dcp-save-plan-validation",
     "upstream": "pytorch#163548",
     "nproc": 1,
-    "torch_does": "sweeps along the largest dim (dim 0 for a square tensor); n column chunks all "
-    "span dim 0, so all are active together and every pair is compared: n^2 / 2",
+    "torch_does": "the sweep that replaced the all-pairs check (#163548, PR #166820) runs along "
+    "the largest dim only (dim 0 for a square tensor); n column chunks all span dim 0, so all "
+    "are active together and every pair is compared: n^2 / 2",
     "spec_says": "validation is O(n log n) on chunkings and product grids",
     "tests": [],
 }

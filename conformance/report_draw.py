@@ -28,15 +28,19 @@ def _extent(shape: list[int]) -> tuple[int, int]:
     return max(rows, 1), max(cols, 1)
 
 
-def _panel(x0: int, title: str, shape: list[int], boxes: list[tuple[int, Any]]) -> list[str]:
+def _panel(
+    x0: int, title: str, shape: list[int], boxes: list[tuple[int, Any]], reach: tuple[int, int]
+) -> list[str]:
+    """``reach``: the extent drawn, at least the shape; larger when a box lies outside it."""
     rows, cols = _extent(shape)
     one_d = len(shape) <= 1
     # 1-D: a horizontal strip, the tensor's only dim running left to right.
-    sx = WIDTH / (rows if one_d else cols)
-    sy = (HEIGHT / 3) if one_d else HEIGHT / rows
+    sx = WIDTH / (reach[0] if one_d else reach[1])
+    sy = (HEIGHT / 3) if one_d else HEIGHT / reach[0]
+    w_in, h_in = (rows * sx, sy) if one_d else (cols * sx, rows * sy)
     out = [
         f'<text x="{x0}" y="14" font-size="13" font-weight="bold">{html.escape(title)}</text>',
-        f'<rect x="{x0}" y="20" width="{WIDTH}" height="{sy * (1 if one_d else rows):.1f}" '
+        f'<rect x="{x0}" y="20" width="{w_in:.1f}" height="{h_in:.1f}" '
         'fill="#f4f4f4" stroke="#999" stroke-dasharray="4 2"/>',
     ]
     for rank, (offsets, sizes) in boxes:
@@ -72,13 +76,19 @@ def layout_svg(boxes: list[dict[str, Any]]) -> str:
     shape = list(boxes[0].get("shape", []))
     spec = [(b["rank"], box) for b in boxes for box in b.get("spec", [])]
     torch = [(b["rank"], box) for b in boxes for box in b.get("torch", [])]
+    rows, cols = _extent(shape)
+    for _, (offsets, sizes) in spec + torch:
+        if offsets:
+            rows = max(rows, offsets[0] + sizes[0])
+            if len(offsets) > 1:
+                cols = max(cols, offsets[1] + sizes[1])
     height = 40 + (HEIGHT / 3 if len(shape) <= 1 else HEIGHT)
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * WIDTH + GAP + 10}" '
         f'height="{height:.0f}" font-family="sans-serif">'
     ]
-    parts += _panel(5, f"the spec, shape {tuple(shape)}", shape, spec)
-    parts += _panel(5 + WIDTH + GAP, "torch", shape, torch)
+    parts += _panel(5, f"the spec, shape {tuple(shape)}", shape, spec, (rows, cols))
+    parts += _panel(5 + WIDTH + GAP, "torch (dashed: the tensor)", shape, torch, (rows, cols))
     parts.append("</svg>")
     return "\n".join(parts)
 

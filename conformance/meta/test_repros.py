@@ -1,0 +1,183 @@
+"""The standalone repros and the report built from them (CONF-6, CONF-7)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from conformance import repro_run
+from conformance.report import read_rules
+from conformance.report_draw import layout_svg, render_html
+from conformance.report_entries import build_entries
+from conformance.repro_run import all_repros, read_defect, run_repro
+
+ROOT = Path(__file__).resolve().parents[2]
+UPSTREAM = re.compile(r"^(pytorch|torchrec)( PR)? ?#\d+$")
+
+
+def _test_functions() -> set[str]:
+    names = set()
+    for path in (ROOT / "conformance" / "tests").glob("test_*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                names.add(f"{path.name}::{node.name}")
+    return names
+
+
+@pytest.mark.rule("CONF-6")
+@pytest.mark.parametrize("path", all_repros(), ids=lambda p: p.stem)
+def test_every_repro_states_its_defect(path: Path) -> None:
+    defect = read_defect(path)  # raises on a missing field or a wrong id
+    assert defect["rule"] in read_rules(), f"{path.name}: rule {defect['rule']} is not in spec/"
+    up = defect["upstream"]
+    assert up is None or UPSTREAM.match(up), f"{path.name}: upstream {up!r} is not 'pytorch#N'"
+    unknown = set(defect.get("tests", [])) - _test_functions()
+    assert not unknown, f"{path.name}: names tests that do not exist: {sorted(unknown)}"
+    assert "shardspec" not in path.read_text(), f"{path.name}: a repro is plain torch"
+    assert 1 <= int(defect["nproc"]) <= 8
+
+
+def _fake(tmp: Path, name: str, body: str, nproc: int = 1) -> Path:
+    path = tmp / f"{name}.py"
+    defect = {
+        "id": name,
+        "title": name,
+        "area": "chunk",
+        "rule": "CHUNK-2",
+        "upstream": "pytorch#1",
+        "nproc": nproc,
+        "torch_does": "x",
+        "spec_says": "y",
+        "tests": [],
+    }
+    path.write_text(f"import os, sys, time\nDEFECT = {defect!r}\n{body}\n")
+    return path
+
+
+@pytest.mark.rule("CONF-6")
+def test_runner_tells_reproduced_from_fixed_broken_and_hung(tmp_path: Path) -> None:
+    rank = "int(os.environ['RANK'])"
+    diverging = _fake(
+        tmp_path,
+        "diverging",
+        f"r = {rank}\n"
+        "assert os.environ['MASTER_ADDR'] == '127.0.0.1'\n"
+        'print(\'BOXES\', \'{"rank": %d, "shape": [4], "spec": [], "torch": []}\' % r)\n'
+        "if r == 1:\n    print('DIVERGES rank 1: offset 2, the spec says 3'); sys.exit(1)",
+        nproc=2,
+    )
+    res = run_repro(diverging)
+    assert res.outcome == "reproduced", res.output
+    assert res.divergences == ["DIVERGES rank 1: offset 2, the spec says 3"]
+    assert sorted(b["rank"] for b in res.boxes) == [0, 1]
+    assert run_repro(_fake(tmp_path, "fixed", "print('ok')")).outcome == "fixed"
+    assert run_repro(_fake(tmp_path, "broken", "raise ImportError('x')")).outcome == "broken"
+    hung = run_repro(_fake(tmp_path, "hung", "time.sleep(60)"), timeout=3)
+    assert hung.outcome == "timeout" and hung.exit_codes == [None]
+
+
+@pytest.mark.rule("CONF-6")
+def test_runner_store_listens_on_loopback_only() -> None:
+    store, port = repro_run._loopback_store(2)
+    try:
+        listening = []
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            for line in Path(table).read_text().splitlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                if state == "0A" and int(local.split(":")[1], 16) == port:  # 0A: LISTEN
+                    listening.append(local.split(":")[0])
+        assert listening == ["0100007F"], f"store on port {port} listens on {listening}"
+    finally:
+        del store
+
+
+def _case(test: str, outcome: str, message: str | None, rules: list[str]) -> Any:
+    return SimpleNamespace(
+        test=test,
+        area="chunk",
+        rules=rules,
+        outcome=outcome,
+        message=message,
+        example=None,
+        known=False,
+        reason=None,
+        issue=None,
+    )
+
+
+@pytest.mark.rule("CONF-7")
+def test_one_entry_per_defect_with_its_world_sizes_and_the_rule_broken() -> None:
+    t = "conformance/tests/test_chunk.py::test_rows"
+    cases = [_case(f"{t}[{w}]", "diverged", f"off [world={w}]", ["CHUNK-1"]) for w in (1, 2, 4)]
+    tagged = "boxes_of(1)=[2], but should be [3] [ex] (breaks CHUNK-2)"
+    cases.append(
+        _case("conformance/tests/test_x.py::test_y", "diverged", tagged, ["A-1", "CHUNK-2"])
+    )
+    cases.append(_case("conformance/tests/test_x.py::test_ok", "passed", None, ["A-1"]))
+    defect = {
+        "id": "rows-off",
+        "title": "rows",
+        "area": "chunk",
+        "rule": "CHUNK-1",
+        "upstream": "pytorch#5",
+        "nproc": 3,
+        "torch_does": "x",
+        "spec_says": "y",
+        "tests": ["test_chunk.py::test_rows"],
+    }
+    repro = SimpleNamespace(reproduced=True, nproc=3, outcome="reproduced", divergences=["D"])
+    repro.boxes, repro.perf = [], []
+    entries = build_entries(cases, [defect], {"rows-off": repro})
+    assert [e.id for e in entries] == ["rows-off", "suite-y"]
+    rows, new = entries
+    assert rows.world_sizes == [1, 2, 3, 4] and len(rows.instances) == 3 and rows.reproduced
+    assert new.rule == "CHUNK-2", "the failing assertion's tag names the rule, not the cited list"
+    assert new.upstream is None and tagged in (new.issue_text or "")
+    required = {"id", "area", "rule", "upstream", "world_sizes", "repro", "reproduced"}
+    assert required <= set(rows.as_json()) and json.dumps(rows.as_json())
+
+
+@pytest.mark.rule("CONF-7")
+def test_layout_divergence_drawn_rank_by_rank() -> None:
+    boxes = [
+        {"rank": 0, "shape": [5], "spec": [[[0], [3]]], "torch": [[[0], [3]]]},
+        {"rank": 1, "shape": [5], "spec": [[[3], [2]]], "torch": [[[2], [2]]]},
+    ]
+    svg = layout_svg(boxes)
+    assert svg.count("<rect") == 2 + 4, "two tensor outlines and four boxes"
+    assert "rank 1: offsets [2], sizes [2]" in svg and "rank 1: offsets [3], sizes [2]" in svg
+    entry = SimpleNamespace(
+        id="e", title="t", rule="CHUNK-1", rules_cited=[], upstream=None, world_sizes=[2],
+        repro="repro/e.py", reproduced=True, repro_outcome="reproduced", torch_does="a",
+        spec_says="b", divergences=[], boxes=boxes, instances=[],
+    )  # fmt: skip
+    page = render_html("r", [("torch", "2.13.0")], [entry])  # type: ignore[list-item]
+    assert page.count('<tr class="diff">') == 1, "only rank 1's boxes differ"
+
+
+@pytest.mark.rule("CONF-7")
+def test_report_writes_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conformance import report
+
+    repros = tmp_path / "repros"
+    repros.mkdir()
+    _fake(repros, "one-defect", "print('DIVERGES: offset 6, the spec says 5'); sys.exit(1)")
+    monkeypatch.setattr(repro_run, "REPROS", repros)
+    monkeypatch.setenv("SHARDSPEC_IMPL", "torch")
+    out = tmp_path / "rep"
+    assert report.main(["--out", str(out), "--no-suite", "--no-probes"]) == 0
+    data = json.loads((out / "report.json").read_text())
+    (entry,) = data["divergences"]
+    assert entry["id"] == "one-defect" and entry["reproduced"] is True
+    assert entry["repro"] == "repro/one-defect.py" and (out / "repro" / "one-defect.py").exists()
+    assert data["environment"]["torch"] and data["environment"]["Hypothesis profile"]
+    assert "one-defect" in (out / "report.md").read_text()
+    assert "one-defect" in (out / "report.html").read_text()
+    assert sys.executable  # the fake repro ran with this interpreter

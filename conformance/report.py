@@ -123,7 +123,13 @@ def _rank_errors(text: str) -> str | None:
     return "\n".join(out)
 
 
+EXC_LINE = re.compile(r"^\s*([\w.]+(Error|Exception|Abort|Died)\b.*)$")
+
+
 def _message(exc: BaseException | None) -> str | None:
+    """What the implementation did, one line per failure: an assertion's own line (it names
+    the fact, the value and the example), a rank error's exception line per group of ranks, or
+    for a crash its first line and the innermost exception line, never a truncated traceback."""
     if exc is None:
         return None
     excs = list(getattr(exc, "exceptions", [])) or [exc]
@@ -133,10 +139,11 @@ def _message(exc: BaseException | None) -> str | None:
         if ranks is not None:
             lines.append(f"RankError: {ranks}")
             continue
-        first = str(e).strip().splitlines()
-        head = first[0] if first else ""
-        if len(first) > 1 and not re.search(r"=.*but should be", head):
-            head = "\n".join(first[:12])  # a rank's traceback: keep its tail readable
+        text = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+        head = text[0] if text else ""
+        inner = next((m.group(1) for ln in reversed(text[1:]) if (m := EXC_LINE.match(ln))), None)
+        if inner and inner != head and not re.search(r"=.*but should be", head):
+            head = f"{head} ... {inner}"
         lines.append(f"{type(e).__name__}: {head}")
     return "\n".join(lines)
 

@@ -181,3 +181,19 @@ def test_report_writes_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert "one-defect" in (out / "report.md").read_text()
     assert "one-defect" in (out / "report.html").read_text()
     assert sys.executable  # the fake repro ran with this interpreter
+
+
+@pytest.mark.rule("CONF-7")
+def test_a_crash_reads_as_its_first_and_innermost_lines() -> None:
+    from conformance.report import _message
+
+    crash = RuntimeError(
+        "rank 2 failed in redistribute\n  File 'a.py', line 1\n    f()\n"
+        "RuntimeError: [gloo] Received data size doesn't match expected size (80 vs 60)\n"
+    )
+    assert _message(crash) == (
+        "RuntimeError: rank 2 failed in redistribute ... RuntimeError: [gloo] Received data "
+        "size doesn't match expected size (80 vs 60)"
+    )
+    fact = AssertionError("out.shape=(3,), but should be (4,) [chunk(shape=(7,), k=2)]")
+    assert _message(fact) == f"AssertionError: {fact}"

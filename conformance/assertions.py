@@ -3,7 +3,9 @@
     out.shape=(3,), but should be (4,) [chunk(shape=(7,), k=2)]
 
 ``<what>=<actual>, but should be <expected> [<example>]``, so that a failure reads the same in
-every area and the report can quote it. ``example`` is a short description of the case.
+every area and the report can quote it. ``example`` is a short description of the case. A
+test that cites several rules passes ``rule=`` to say which one this fact checks; the message
+then ends ``(breaks RULE-N)`` and the report names that rule (CONF-7).
 """
 
 from __future__ import annotations
@@ -28,14 +30,17 @@ __all__ = [
 ]
 
 
-def fail(what: str, actual: Any, expected: Any, example: str) -> None:
-    raise AssertionError(f"{what}={actual!r}, but should be {expected!r} [{example}]")
+def fail(what: str, actual: Any, expected: Any, example: str, rule: str | None = None) -> None:
+    tag = f" (breaks {rule})" if rule else ""
+    raise AssertionError(f"{what}={actual!r}, but should be {expected!r} [{example}]{tag}")
 
 
-def assert_equal(what: str, actual: Any, expected: Any, example: str) -> None:
+def assert_equal(
+    what: str, actual: Any, expected: Any, example: str, rule: str | None = None
+) -> None:
     """A plain fact (a shape, an offset, an inferred dim)."""
     if actual != expected:
-        fail(what, actual, expected, example)
+        fail(what, actual, expected, example, rule)
 
 
 def assert_verdict(what: str, accepted: bool, valid: bool, example: str) -> None:

@@ -197,3 +197,16 @@ def test_a_crash_reads_as_its_first_and_innermost_lines() -> None:
     )
     fact = AssertionError("out.shape=(3,), but should be (4,) [chunk(shape=(7,), k=2)]")
     assert _message(fact) == f"AssertionError: {fact}"
+
+
+@pytest.mark.rule("CONF-7")
+def test_an_assertion_tagged_with_its_rule_names_it_in_the_report() -> None:
+    from conformance.assertions import assert_equal
+    from conformance.report_entries import violated_rule
+
+    with pytest.raises(AssertionError) as info:
+        assert_equal("offset", 2, 3, "5 rows on 2 ranks", rule="CHUNK-1")
+    assert str(info.value).endswith("[5 rows on 2 ranks] (breaks CHUNK-1)")
+    assert violated_rule(str(info.value), ["CHUNK-1", "FSDP-6"]) == "CHUNK-1"
+    assert violated_rule("offset=2, but should be 3 [x]", ["CHUNK-1", "FSDP-6"]) is None
+    assert violated_rule("offset=2, but should be 3 [x]", ["FSDP-6"]) == "FSDP-6"

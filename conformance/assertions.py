@@ -43,7 +43,9 @@ def assert_equal(
         fail(what, actual, expected, example, rule)
 
 
-def assert_verdict(what: str, accepted: bool, valid: bool, example: str) -> None:
+def assert_verdict(
+    what: str, accepted: bool, valid: bool, example: str, rule: str | None = None
+) -> None:
     """A validator's verdict against the oracle's: accept exactly the valid layouts."""
     if accepted != valid:
         fail(
@@ -51,6 +53,7 @@ def assert_verdict(what: str, accepted: bool, valid: bool, example: str) -> None
             "accepted" if accepted else "rejected",
             "accepted" if valid else "rejected",
             example,
+            rule=rule,
         )
 
 
@@ -58,19 +61,21 @@ def _pairs(layout: Layout) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]
     return sorted((s.rank, s.box.offsets, s.box.sizes) for s in layout.shards)
 
 
-def assert_layouts_equal(what: str, actual: Layout, expected: Layout, example: str) -> None:
+def assert_layouts_equal(
+    what: str, actual: Layout, expected: Layout, example: str, rule: str | None = None
+) -> None:
     """Layout equality (LAYOUT-5): same shape, same multiset of (box, rank). Names the first
     rank whose boxes differ."""
     if actual.shape != expected.shape:
-        fail(f"{what}.shape", actual.shape, expected.shape, example)
+        fail(f"{what}.shape", actual.shape, expected.shape, example, rule=rule)
     if actual == expected:
         return
     for rank in sorted(set(actual.ranks) | set(expected.ranks)):
         a = sorted(actual.boxes_of(rank))
         e = sorted(expected.boxes_of(rank))
         if a != e:
-            fail(f"{what}.boxes_of({rank})", _short(a), _short(e), example)
-    fail(what, _pairs(actual), _pairs(expected), example)  # pragma: no cover
+            fail(f"{what}.boxes_of({rank})", _short(a), _short(e), example, rule=rule)
+    fail(what, _pairs(actual), _pairs(expected), example, rule=rule)  # pragma: no cover
 
 
 def _short(boxes: Sequence[Box]) -> list[str]:
@@ -78,21 +83,21 @@ def _short(boxes: Sequence[Box]) -> list[str]:
 
 
 def assert_boxes_equal(
-    what: str, actual: Sequence[Box], expected: Sequence[Box], example: str
+    what: str, actual: Sequence[Box], expected: Sequence[Box], example: str, rule: str | None = None
 ) -> None:
     """The same boxes in the same (local storage) order."""
     if list(actual) != list(expected):
-        fail(what, _short(actual), _short(expected), example)
+        fail(what, _short(actual), _short(expected), example, rule=rule)
 
 
 def assert_tensor_bitwise(
-    what: str, actual: torch.Tensor, expected: torch.Tensor, example: str
+    what: str, actual: torch.Tensor, expected: torch.Tensor, example: str, rule: str | None = None
 ) -> None:
     """Same dtype, same shape, same bytes: NaN payloads and -0.0 count."""
     if actual.dtype != expected.dtype:
-        fail(f"{what}.dtype", actual.dtype, expected.dtype, example)
+        fail(f"{what}.dtype", actual.dtype, expected.dtype, example, rule=rule)
     if tuple(actual.shape) != tuple(expected.shape):
-        fail(f"{what}.shape", tuple(actual.shape), tuple(expected.shape), example)
+        fail(f"{what}.shape", tuple(actual.shape), tuple(expected.shape), example, rule=rule)
     a, e = tensor_bytes(actual), tensor_bytes(expected)
     if a != e:
         item = max(actual.element_size(), 1)
@@ -104,6 +109,7 @@ def assert_tensor_bitwise(
             flat_a[first].item(),
             flat_e[first].item(),
             f"{example}; bytes differ",
+            rule=rule,
         )
 
 

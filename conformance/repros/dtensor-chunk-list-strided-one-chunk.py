@@ -43,7 +43,7 @@ chunk, offset 0, size 2. torch 2.13.0, CPU, gloo, `torchrun --standalone --nproc
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))
 rank = dist.get_rank()
 mesh = init_device_mesh("cpu", (2,))
-# src_data_rank=None: each rank splits its own copy (the scatter path asserts here, see below)
+# src_data_rank=None: each rank splits its own copy (the default scatter asserts on this split)
 dt = distribute_tensor(
     torch.arange(3.0), mesh, [_StridedShard(0, split_factor=2)], src_data_rank=None
 )

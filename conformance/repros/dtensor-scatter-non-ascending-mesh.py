@@ -23,7 +23,7 @@ coordinate 0 and rank 0 is coordinate 1. `distribute_tensor(torch.arange(2),
 mesh, [Shard(0)])` with the default `src_data_rank=0` gives rank 0 the value 0 and rank 1
 the value 1 (chunk i to the group's rank i), while `mesh.get_coordinate()`,
 `compute_local_shape_and_global_offset` and `src_data_rank=None` (every rank splitting its own
-copy) all give rank 0 chunk 1. `full_tensor()` then returns `[1, 0]`.
+copy) all give rank 0 chunk 1: the data is not where every description of it says.
 
 ```python
 mesh = DeviceMesh("cpu", [1, 0])

@@ -15,7 +15,27 @@ DEFECT = {
     "title": "FSDP1 + TP SHARDED_STATE_DICT aborts gloo for 7 rows over TP 2 (_chunk_dtensor)",
     "area": "fsdp_models",
     "rule": "FSDP-9",
-    "upstream": "pytorch PR #188947",
+    "upstream": None,
+    "issue_text": """### FSDP1 + TP: SHARDED_STATE_DICT aborts gloo for an uneven TP shard
+
+On a 2x2 ("dp", "tp") CPU mesh, `Linear(10, 7)` under `ColwiseParallel` and `Linear(7, 5)`
+under `RowwiseParallel`, wrapped as `FSDP(model, device_mesh=mesh["dp"],
+device_id=torch.device("cpu"))`, `model.state_dict()` under
+`StateDictType.SHARDED_STATE_DICT` kills the process group: two ranks abort in gloo
+("op.preamble.length <= op.nbytes. 80 vs 60. Received data size doesn't match expected
+size"), the other two see "Connection reset by peer".
+
+Cause: `tensor/parallel/fsdp.py` `_chunk_dtensor` rebuilds the TP parameter with
+`DTensor.from_local(tensor.to_local(), root_mesh, [Replicate(), Shard(0)], run_check=False)`
+without `shape=`/`stride=`, so each TP rank infers its own global shape (4 rows x 2 = 8 on
+TP rank 0, 3 x 2 = 6 on TP rank 1) and the `redistribute` that follows runs mismatched
+collectives (the same class as #110762, fixed for FSDP2 in PR #123812). Even with the shape
+passed, the target placements `(Shard(0), Shard(0))` chunk dp-first, which is not where
+FSDP1 put 7 rows (TP [0, 4) [4, 7), then FSDP 2 + 2 / 2 + 1).
+
+Repro: this file, `torchrun --standalone --nproc-per-node 4`, torch 2.13.0.
+Expected: `state_dict()` returns entries that `full_tensor()` back to the weights. Actual:
+the process group aborts.""",
     "nproc": 4,
     "torch_does": "state_dict() dies in tensor/parallel/fsdp.py _chunk_dtensor's redistribute: "
     "gloo 'Received data size doesn't match expected size', the other ranks see resets",

@@ -29,9 +29,10 @@ Cause: `tensor/parallel/fsdp.py` `_chunk_dtensor` rebuilds the TP parameter with
 `DTensor.from_local(tensor.to_local(), root_mesh, [Replicate(), Shard(0)], run_check=False)`
 without `shape=`/`stride=`, so each TP rank infers its own global shape (4 rows x 2 = 8 on
 TP rank 0, 3 x 2 = 6 on TP rank 1) and the `redistribute` that follows runs mismatched
-collectives (the same class as #110762, fixed for FSDP2 in PR #123812). Even with the shape
-passed, the target placements `(Shard(0), Shard(0))` chunk dp-first, which is not where
-FSDP1 put 7 rows (TP [0, 4) [4, 7), then FSDP 2 + 2 / 2 + 1).
+collectives (the class of #110762; PR #123812 proposed passing the global shape here, and
+2.13 does not). Even with the shape passed, the target placements `(Shard(0), Shard(0))`
+chunk dp-first, which is not where FSDP1 put 7 rows (TP [0, 4) [4, 7), then FSDP 2 + 2 /
+2 + 1).
 
 Repro: this file, `torchrun --standalone --nproc-per-node 4`, torch 2.13.0.
 Expected: `state_dict()` returns entries that `full_tensor()` back to the weights. Actual:

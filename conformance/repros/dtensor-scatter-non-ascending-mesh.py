@@ -36,7 +36,8 @@ gloo, `torchrun --standalone --nproc-per-node 2`.""",
     "nproc": 2,
     "torch_does": "on DeviceMesh('cpu', [1, 0]) rank 0 (coordinate 1) receives chunk 0",
     "spec_says": "coordinate i holds chunk i: rank 0 (coordinate 1) holds row 1",
-    "tests": ["test_dtensor.py::test_distribute_tensor_holds_the_boxes"],
+    # The pool's meshes are always ascending (0..n-1 row-major): no conformance test reaches this.
+    "tests": [],
 }
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))

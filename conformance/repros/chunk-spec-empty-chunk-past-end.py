@@ -34,8 +34,9 @@ for r, (md, piece) in enumerate(zip(mds, pieces)):
     if md.shard_offsets[0] != start:
         bad = True
         print(
-            f"DIVERGES rank {r}: build_metadata states [{md.shard_offsets[0]}, "
-            f"+{md.shard_sizes[0]}) for values {piece.tolist()}; the spec says offset {start}"
+            f"DIVERGES rank {r}: build_metadata puts its {md.shard_sizes[0]}-row chunk (values "
+            f"{piece.tolist()}) at offset {md.shard_offsets[0]} of a dim of 5; the spec says "
+            f"offset {start}"
         )
 try:
     check_tensor(mds, list(rows.shape))

@@ -64,9 +64,8 @@ DEFECT = {
     "dict has no key 'w' at all",
     "spec_says": "flattening keeps every entry: a ShardedTensor with no local shard is kept as "
     "it is, so every rank's state dict names the same keys",
-    "tests": [
-        "packages/fsdp/tests/test_hooks_single.py::test_upstream_flatten_keeps_entry_without_local_shard"
-    ],
+    # packages/fsdp/tests/test_hooks_single.py checks it too; no conformance test reaches it yet
+    "tests": [],
 }
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))

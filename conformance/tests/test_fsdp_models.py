@@ -37,8 +37,9 @@ def _check(results: dict[int, tuple[str, Any]], keys: tuple[str, ...]) -> None:
     "torch",
     "FSDP1 SHARDED_STATE_DICT with an uneven TP shard (7 rows over TP 2) aborts gloo in "
     "tensor/parallel/fsdp.py _chunk_dtensor's redistribute ('Received data size doesn't match "
-    "expected size'); fixed by our extension",
-    issue="PR #188947",
+    "expected size'): its DTensor.from_local gets no shape, so each TP rank infers another global "
+    "size; not reported upstream (repro fsdp1-tp-uneven-state-dict-aborts); fixed by our "
+    "extension",
 )
 def test_fsdp1_tp_uneven_mlp_local_state_is_the_reference_slice(impl: Impl) -> None:
     with case():

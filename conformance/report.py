@@ -35,6 +35,7 @@ from typing import Any
 
 import pytest
 
+from conformance import repro_run
 from conformance.perf_probes import Probe, run_all as run_all_probes
 from conformance.report_draw import render_html
 from conformance.report_entries import Entry, build_entries
@@ -322,7 +323,14 @@ def render(
         out += ["## Known defects that no longer reproduce", ""]
         out += [f"- `{e.id}` ({e.upstream or 'not reported'}): {e.title}" for e in fixed]
         out.append("")
-    out += ["## Every test, by area", "", *_area_tables(cases)]
+    out += [
+        "Checked and not reproduced on this torch: see `repro/README.md` (copied from "
+        "`conformance/repros/README.md`).",
+        "",
+        "## Every test, by area",
+        "",
+        *_area_tables(cases),
+    ]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -420,8 +428,9 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.monotonic() - t0
 
     defects = [read_defect(p) for p in all_repros()]
-    for path in all_repros():
-        shutil.copy(path, out / "repro" / path.name)
+    for path in [*all_repros(), repro_run.REPROS / "README.md"]:
+        if path.exists():
+            shutil.copy(path, out / "repro" / path.name)
     entries = (
         build_entries(cases, defects, results) if impl == "torch" else build_entries(cases, [], {})
     )

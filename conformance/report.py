@@ -371,13 +371,32 @@ def environment(impl: str, seed: int | None, profile: str, worlds: str) -> list[
     ]
 
 
-def run_repros(jobs: int = 2) -> dict[str, ReproResult]:
+def run_repros(rank_slots: int = 8) -> dict[str, ReproResult]:
+    """Run every repro, several at once while their ranks fit in ``rank_slots`` processes
+    (most of a repro's time is starting Python and importing torch on each rank)."""
+    import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    paths = all_repros()
+    free = threading.Condition()
+    slots = [rank_slots]
+
+    def run(path: Path) -> ReproResult:
+        need = min(int(read_defect(path)["nproc"]), rank_slots)
+        with free:
+            free.wait_for(lambda: slots[0] >= need)
+            slots[0] -= need
+        try:
+            return run_repro(path)
+        finally:
+            with free:
+                slots[0] += need
+                free.notify_all()
+
+    # the widest first, so the narrow ones fill the gaps they leave
+    paths = sorted(all_repros(), key=lambda p: -int(read_defect(p)["nproc"]))
     results: dict[str, ReproResult] = {}
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for path, res in zip(paths, pool.map(run_repro, paths)):
+    with ThreadPoolExecutor(max_workers=rank_slots) as pool:
+        for path, res in zip(paths, pool.map(run, paths)):
             results[path.stem] = res
             print(f"repro {res.id}: {res.outcome} ({res.seconds:.0f} s)", flush=True)
     return results

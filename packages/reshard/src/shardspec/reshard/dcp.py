@@ -1,0 +1,165 @@
+"""Drop-in DCP planners: ``dcp.load(sd, checkpoint_id=path, planner=LoadPlanner())``.
+
+:class:`LoadPlanner` is DCP's ``DefaultLoadPlanner`` with two changes (spec/09-checkpoint.md):
+
+* Before any read, the chunks of every saved tensor this load reads are checked (CKPT-1:
+  bounds, overlap, coverage); a bad checkpoint raises :class:`ChunkError` naming the tensor
+  and the culprit chunks. The check runs in ``create_local_plan``, which DCP runs on every
+  rank and whose errors it gathers and raises on every rank, so no rank is left waiting.
+* The read items come from :func:`shardspec.reshard.plan`: the saved chunks are indexed once
+  per tensor, and each local chunk asks the index for the chunks it meets, so one rank's
+  planning costs O((n + m) log(n + m) + k) for n saved and m local chunks and k reads
+  (CKPT-2). Upstream sweeps one dim and compares every saved chunk the sweep keeps open with
+  every local chunk, which grows as n x m when the chunks are cut along another dim.
+
+The read items are those the default planner makes, without its zero-length reads (an empty
+chunk lying inside another one), so the loaded bytes are the same (CKPT-3).
+
+:class:`SavePlanner` is ``DefaultSavePlanner`` whose global plan check is CKPT-1 on every
+tensor (one :meth:`Layout.validate` each, O(n log n) on grid layouts) instead of upstream's
+own overlap sweep; with a single plan (one process saving) coverage is not required, as
+upstream allows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import ChainMap
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import _version
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.checkpoint.default_planner import (
+    DefaultLoadPlanner,
+    DefaultSavePlanner,
+    create_default_global_save_plan,
+)
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem, SavePlan
+from torch.distributed.checkpoint.planner_helpers import _create_chunk_list, _create_read_items
+from torch.distributed.tensor import DTensor
+
+from shardspec.metadata import Box, Layout, Shard
+from shardspec.metadata.checkpoint import ChunkError, check_chunks, chunk_verdict
+
+from .planner import plan
+
+__all__ = ["ChunkError", "LoadPlanner", "SavePlanner", "read_items_for_chunks"]
+
+
+class LoadPlanner(DefaultLoadPlanner):  # type: ignore[misc]
+    """``DefaultLoadPlanner`` whose read items come from :func:`plan`, after checking the
+    saved chunks of every tensor it reads. Takes the same arguments."""
+
+    def create_local_plan(self) -> LoadPlan:
+        md = self.metadata
+        if md is None:
+            raise ValueError("LoadPlanner.create_local_plan needs the checkpoint metadata")
+        if self.flatten_state_dict:
+            self._use_pre_2_4_keys_if_needed(md)
+        saved = md.state_dict_metadata
+        items: list[ReadItem] = []
+        for fqn, obj in self.state_dict.items():
+            smd = saved.get(fqn)
+            if smd is None:
+                if not self.allow_partial_load:
+                    raise RuntimeError(f"Missing key in checkpoint state_dict: {fqn}.")
+                continue
+            if isinstance(smd, BytesStorageMetadata):
+                items += _create_read_items(fqn, smd, obj)
+                continue
+            size = getattr(obj, "size", None)
+            if size is not None and smd.size != obj.size():
+                raise ValueError(
+                    f"Size mismatch between saved {smd.size} and current: {obj.size()} for {fqn}"
+                )
+            # A DTensor on a submesh this rank is not part of has nothing to load here.
+            if isinstance(obj, DTensor) and obj.device_mesh.get_coordinate() is None:
+                continue
+            try:
+                local = _create_chunk_list(obj)
+            except ValueError as e:
+                raise ValueError(
+                    f"Invalid checkpoint metadata for {fqn}, expected BytesStorageMetadata "
+                    f"but found {type(smd)}"
+                ) from e
+            items += read_items_for_chunks(fqn, smd, local)
+        return LoadPlan(items)
+
+    def _use_pre_2_4_keys_if_needed(self, md: Metadata) -> None:
+        # Checkpoints written before torch 2.4 flattened nested keys differently; like the
+        # default planner, switch to that flattening when it explains the missing keys.
+        missing = set(md.state_dict_metadata) - set(self.state_dict)
+        if not missing:
+            return
+        _version._derived_version = "2_3"
+        try:
+            old, old_mappings = flatten_state_dict(self.original_state_dict)
+        finally:
+            _version._derived_version = None
+        if set(old) & missing:
+            self.state_dict, self.mappings = old, old_mappings
+
+
+def read_items_for_chunks(
+    fqn: str, saved: TensorStorageMetadata, local: list[ChunkStorageMetadata]
+) -> list[ReadItem]:
+    """The read items that fill ``local`` (this rank's chunks of tensor ``fqn``) from a
+    checkpoint whose chunks are ``saved.chunks``, after checking them (CKPT-1)."""
+    src = check_chunks(fqn, saved.size, [(c.offsets, c.sizes) for c in saved.chunks])
+    if not local:
+        return []
+    dst = Layout(src.shape, [Shard(Box(tuple(c.offsets), tuple(c.sizes)), 0) for c in local])
+    chunks = saved.chunks
+    items: list[ReadItem] = []
+    # The destination holds only this rank's chunks, so it is no valid layout (no coverage):
+    # the source was checked above; validate=False plans without asking the destination to.
+    for p in plan(src, dst, validate=False).pieces:
+        s = chunks[p.src_shard]
+        d = local[p.dst_shard]
+        items.append(
+            ReadItem(
+                type=LoadItemType.TENSOR,
+                dest_index=MetadataIndex(fqn, d.offsets, p.dst_shard),
+                dest_offsets=torch.Size(_minus(p.offsets, d.offsets)),
+                storage_index=MetadataIndex(fqn, s.offsets, p.src_shard),
+                storage_offsets=torch.Size(_minus(p.offsets, s.offsets)),
+                lengths=torch.Size(p.sizes),
+            )
+        )
+    return items
+
+
+def _minus(a: tuple[int, ...], b: Any) -> tuple[int, ...]:
+    return tuple(x - y for x, y in zip(a, b))
+
+
+class SavePlanner(DefaultSavePlanner):  # type: ignore[misc]
+    """``DefaultSavePlanner`` whose global plan check is CKPT-1 (:meth:`Layout.validate` per
+    tensor). Takes the same arguments."""
+
+    def _create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
+        global_plan, metadata = create_default_global_save_plan(self._dedup_save_plans(all_plans))
+        if self.flatten_state_dict:
+            merged = dict(ChainMap(*(p.planner_data for p in global_plan)))
+            metadata = dataclasses.replace(metadata, planner_data=merged)
+        check_saved_chunks(metadata, require_cover=len(global_plan) > 1)
+        return global_plan, metadata
+
+
+def check_saved_chunks(metadata: Metadata, *, require_cover: bool = True) -> None:
+    """Raise :class:`ChunkError` for the first tensor of ``metadata`` whose chunks break
+    CKPT-1 (a gap only when ``require_cover``)."""
+    for fqn, smd in metadata.state_dict_metadata.items():
+        if not isinstance(smd, TensorStorageMetadata):
+            continue
+        verdict = chunk_verdict(fqn, smd.size, [(c.offsets, c.sizes) for c in smd.chunks])
+        if isinstance(verdict, ChunkError) and (require_cover or verdict.kind != "gap"):
+            raise verdict

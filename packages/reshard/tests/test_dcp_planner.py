@@ -1,0 +1,190 @@
+"""The DCP planners' planning, without ranks (spec/09-checkpoint.md): read items against the
+default planner's for drawn checkpoints and destinations, and the chunk check before any
+read. Real loads on gloo ranks are in test_dcp_load.py."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+from reshard_dcp_triples import read_item_triples
+from reshard_index_paths import indexed
+
+from shardspec.metadata import Box, Layout, Shard, chunk_layout
+from shardspec.metadata.checkpoint import ChunkError, check_chunks
+from shardspec.metadata.dcp import to_chunk_list, to_tensor_storage_metadata
+from shardspec.metadata.strategies import (
+    chunk_layouts,
+    grid_layouts,
+    guillotine_layouts,
+    permuted,
+    shapes,
+    with_replicas,
+)
+from shardspec.reshard.dcp import read_items_for_chunks
+
+torch = pytest.importorskip("torch")
+from torch.distributed.checkpoint.metadata import (  # noqa: E402
+    ChunkStorageMetadata,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner_helpers import (  # noqa: E402
+    create_read_items_for_chunk_list,
+)
+
+
+@st.composite
+def layouts_of(draw: st.DrawFn, shape: tuple[int, ...]) -> Layout:
+    fixed = st.just(shape)
+    options = [grid_layouts(fixed, max_ranks=5)]
+    if shape:
+        options += [chunk_layouts(fixed, max_ranks=5), guillotine_layouts(fixed, max_ranks=5)]
+    layout = draw(st.one_of(options))
+    if draw(st.booleans()):
+        layout = draw(with_replicas(layout))
+    return draw(permuted(layout))
+
+
+def md_of(shape: tuple[int, ...], boxes: list[Box]) -> TensorStorageMetadata:
+    return TensorStorageMetadata(
+        properties=TensorProperties(dtype=torch.float32),
+        size=torch.Size(shape),
+        chunks=[
+            ChunkStorageMetadata(offsets=torch.Size(b.offsets), sizes=torch.Size(b.sizes))
+            for b in boxes
+        ],
+    )
+
+
+def brute_force(md: TensorStorageMetadata, rank: int, local: list[ChunkStorageMetadata]) -> set:
+    """Every non-empty intersection of a saved chunk with a local chunk, by hand."""
+    out = set()
+    for j, d in enumerate(local):
+        dbox = Box(tuple(d.offsets), tuple(d.sizes))
+        for s in md.chunks:
+            sbox = Box(tuple(s.offsets), tuple(s.sizes))
+            cut = sbox.intersect(dbox)
+            if cut is not None and not cut.is_empty:
+                out.add((sbox, (rank, j), cut))
+    return out
+
+
+@pytest.mark.rule("CKPT-3")
+@given(st.data(), st.booleans())
+def test_read_items_equal_the_default_planners(data: st.DataObject, force: bool) -> None:
+    shape = data.draw(shapes(max_dims=3, max_side=7))
+    saved, dest = data.draw(layouts_of(shape)), data.draw(layouts_of(shape))
+    md = to_tensor_storage_metadata(saved)
+    for r in dest.ranks:
+        local = to_chunk_list(dest, r)
+        upstream = create_read_items_for_chunk_list("t", md, local)
+        with indexed(force):
+            ours = read_items_for_chunks("t", md, local)
+        expected = brute_force(md, r, local)
+        assert read_item_triples(md, r, local, upstream) == expected
+        assert read_item_triples(md, r, local, ours) == expected
+        # Nothing read twice and nothing empty: the reads tile the local chunks exactly.
+        assert all(all(n > 0 for n in it.lengths) or not it.lengths for it in ours)
+        want = sum(Box(tuple(c.offsets), tuple(c.sizes)).numel for c in local)
+        assert sum(torch.Size(it.lengths).numel() for it in ours) == want
+
+
+@pytest.mark.rule("CKPT-3")
+def test_rows_read_as_columns_hand_worked() -> None:
+    # 6 x 4 saved as rows [0,3) [3,6); read as columns [0,2) [2,4) on one rank.
+    md = md_of((6, 4), [Box((0, 0), (3, 4)), Box((3, 0), (3, 4))])
+    local = [
+        ChunkStorageMetadata(offsets=torch.Size(o), sizes=torch.Size((6, 2)))
+        for o in ((0, 0), (0, 2))
+    ]
+    items = read_items_for_chunks("w", md, local)
+    got = sorted(
+        (
+            it.storage_index.index,
+            tuple(it.storage_offsets),
+            it.dest_index.index,
+            tuple(it.dest_offsets),
+            tuple(it.lengths),
+        )
+        for it in items
+    )
+    assert got == [
+        (0, (0, 0), 0, (0, 0), (3, 2)),
+        (0, (0, 2), 1, (0, 0), (3, 2)),
+        (1, (0, 0), 0, (3, 0), (3, 2)),
+        (1, (0, 2), 1, (3, 0), (3, 2)),
+    ]
+    assert all(it.dest_index.fqn == "w" and it.storage_index.fqn == "w" for it in items)
+
+
+BAD = [
+    # (boxes, kind, culprit chunks, words the message must hold)
+    ([Box((0, 0), (3, 4)), Box((2, 0), (4, 4))], "overlap", (0, 1), ["#0", "#1", "overlap"]),
+    ([Box((0, 0), (3, 4)), Box((4, 0), (2, 4))], "gap", (), ["gap", "4 of 24", "(3, 0)"]),
+    ([Box((0, 0), (3, 4)), Box((3, 0), (4, 4))], "bounds", (1,), ["#1", "out of bounds"]),
+    ([Box((0, 0), (6, 4)), Box((0, 0), (6, 4))], "overlap", (0, 1), ["same box", "#0", "#1"]),
+    ([Box((0,), (6,))], "ndim", (0,), ["#0"]),
+]
+
+
+@pytest.mark.rule("CKPT-1")
+@pytest.mark.parametrize(("boxes", "kind", "culprits", "words"), BAD)
+def test_bad_chunks_are_named_before_any_read(
+    boxes: list[Box], kind: str, culprits: tuple[int, ...], words: list[str]
+) -> None:
+    md = md_of((6, 4), boxes)
+    local = to_chunk_list(chunk_layout((6, 4), 0, [0]), 0)
+    with pytest.raises(ChunkError) as err:
+        read_items_for_chunks("layer.w", md, local)
+    e = err.value
+    assert e.kind == kind and e.chunks == culprits and e.fqn == "layer.w"
+    assert "'layer.w'" in str(e)
+    for w in words:
+        assert w in str(e), (w, str(e))
+
+
+@pytest.mark.rule("CKPT-1")
+def test_a_rank_with_no_local_chunks_still_checks_the_checkpoint() -> None:
+    md = md_of((6, 4), [Box((0, 0), (3, 4))])
+    with pytest.raises(ChunkError, match="gap"):
+        read_items_for_chunks("w", md, [])
+
+
+@pytest.mark.rule("CKPT-1")
+@given(st.data())
+def test_chunk_check_agrees_with_layout_validation(data: st.DataObject) -> None:
+    # Any valid layout's distinct boxes pass; dropping a non-empty chunk leaves a gap named
+    # at an element of the dropped box; duplicating one is an overlap naming both copies.
+    shape = data.draw(shapes(max_dims=3, max_side=6))
+    layout = data.draw(layouts_of(shape))
+    boxes = list(dict.fromkeys(s.box for s in layout.shards))
+    got = check_chunks("t", shape, [(b.offsets, b.sizes) for b in boxes])
+    assert got == Layout(shape, [Shard(b, i) for i, b in enumerate(boxes)])
+    full = [i for i, b in enumerate(boxes) if not b.is_empty]
+    if not full:
+        return
+    k = data.draw(st.sampled_from(full))
+    with pytest.raises(ChunkError) as gap:
+        check_chunks("t", shape, [(b.offsets, b.sizes) for i, b in enumerate(boxes) if i != k])
+    assert gap.value.kind == "gap" and gap.value.point is not None
+    point, lost = gap.value.point, boxes[k]
+    assert all(o <= x < o + n for x, o, n in zip(point, lost.offsets, lost.sizes)), point
+    assert f"{boxes[k].numel} of {Layout(shape, []).numel}" in str(gap.value)
+    twice = [*boxes, boxes[k]]
+    with pytest.raises(ChunkError) as dup:
+        check_chunks("t", shape, [(b.offsets, b.sizes) for b in twice])
+    assert dup.value.kind == "overlap" and dup.value.chunks == (k, len(boxes))
+
+
+@pytest.mark.rule("CKPT-1")
+def test_chunk_errors_survive_pickling() -> None:
+    # DCP gathers each rank's planning error to the coordinator as a pickle; one that cannot
+    # be rebuilt fails there and leaves the other ranks waiting (a hang, found on gloo).
+    import pickle
+
+    md = md_of((6, 4), [Box((0, 0), (3, 4)), Box((2, 0), (4, 4))])
+    with pytest.raises(ChunkError) as err:
+        read_items_for_chunks("w", md, [])
+    back = pickle.loads(pickle.dumps(err.value))
+    assert type(back) is ChunkError and str(back) == str(err.value)
+    assert (back.fqn, back.kind, back.chunks, back.point) == ("w", "overlap", (0, 1), None)

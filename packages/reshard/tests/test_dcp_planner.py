@@ -4,6 +4,9 @@ read. Real loads on gloo ranks are in test_dcp_load.py."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+from typing import Any
+
 import pytest
 from hypothesis import given, strategies as st
 from reshard_dcp_triples import read_item_triples
@@ -188,3 +191,79 @@ def test_chunk_errors_survive_pickling() -> None:
     back = pickle.loads(pickle.dumps(err.value))
     assert type(back) is ChunkError and str(back) == str(err.value)
     assert (back.fqn, back.kind, back.chunks, back.point) == ("w", "overlap", (0, 1), None)
+
+
+@pytest.mark.rule("CKPT-2", "CKPT-3")
+def test_shifted_columns_read_exactly_the_two_overlaps_of_each_chunk() -> None:
+    # n column chunks of width 4 read as n + 1 chunks shifted by 2: the answer has 2n reads,
+    # hand-worked; upstream's sweep along rows keeps every saved chunk open for every local
+    # chunk here (n * (n + 1) overlap tests), ours queries an index (bench_dcp_load.py).
+    n = 2000
+    shape = (8, 4 * n)
+    saved = [Box((0, 4 * i), (8, 4)) for i in range(n)]
+    md = md_of(shape, saved)
+    cuts = [0, *range(2, 4 * n, 4), 4 * n]
+    local = [
+        ChunkStorageMetadata(offsets=torch.Size((0, a)), sizes=torch.Size((8, b - a)))
+        for a, b in pairwise(cuts)
+    ]
+    items = read_items_for_chunks("w", md, local)
+    got = {(it.storage_index.index, it.dest_index.index, tuple(it.lengths)) for it in items}
+    want = {(0, 0, (8, 2)), (n - 1, n, (8, 2))}
+    want |= {(i, i, (8, 2)) for i in range(1, n)} | {(i, i + 1, (8, 2)) for i in range(n - 1)}
+    assert len(items) == 2 * n and got == want
+
+
+def save_plans(*ranks: list[Box], shape: tuple[int, ...] = (6, 4)) -> list[Any]:
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.planner import (
+        SavePlan,
+        TensorWriteData,
+        WriteItem,
+        WriteItemType,
+    )
+
+    props = TensorProperties(dtype=torch.float32)
+    return [
+        SavePlan(
+            [
+                WriteItem(
+                    index=MetadataIndex("w", torch.Size(b.offsets)),
+                    type=WriteItemType.SHARD,
+                    tensor_data=TensorWriteData(
+                        chunk=ChunkStorageMetadata(torch.Size(b.offsets), torch.Size(b.sizes)),
+                        properties=props,
+                        size=torch.Size(shape),
+                    ),
+                )
+                for b in boxes
+            ]
+        )
+        for boxes in ranks
+    ]
+
+
+@pytest.mark.rule("CKPT-4")
+def test_save_planner_checks_the_global_plan_with_the_chunk_rule() -> None:
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    from shardspec.reshard.dcp import SavePlanner
+
+    top, bottom = Box((0, 0), (3, 4)), Box((3, 0), (3, 4))
+    ours = SavePlanner(flatten_state_dict=False)
+    plans, md = ours.create_global_plan(save_plans([top], [bottom]))
+    d_plans, d_md = DefaultSavePlanner(flatten_state_dict=False).create_global_plan(
+        save_plans([top], [bottom])
+    )
+    assert md == d_md and plans == d_plans  # a valid plan is the default planner's
+    with pytest.raises(ChunkError, match=r"'w'.*#0.*#1.*overlap") as err:
+        ours.create_global_plan(save_plans([top], [Box((2, 0), (4, 4))]))
+    assert err.value.chunks == (0, 1)
+    with pytest.raises(ChunkError, match="gap"):
+        ours.create_global_plan(save_plans([top], []))
+    with pytest.raises(ChunkError, match="out of bounds"):
+        ours.create_global_plan(save_plans([top], [Box((3, 0), (4, 4))]))
+    # One process saving a part of a tensor is allowed, as upstream allows it; an overlap is not.
+    ours.create_global_plan(save_plans([top]))
+    with pytest.raises(ChunkError, match="overlap"):
+        ours.create_global_plan(save_plans([top, Box((1, 0), (2, 4))]))

@@ -1,0 +1,47 @@
+"""shardspec's DCP planners on real FSDP checkpoints (spec/09-checkpoint.md, CKPT-3): FSDP1 +
+TP (uneven, shardspec's extension) and FSDP2 + TP saved on 4 gloo ranks, FSDP2 and FSDP1 saved
+on 2, each loaded on fewer, the same or more ranks into other FSDP layouts with our
+LoadPlanner and with DCP's default: the same bytes, and the reference model's values at the
+boxes FSDP-1 gives each rank."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fsdp_dcp_planner_checks import load_model, save_model
+
+from shardspec.reshard.testing import RankPool
+
+# saved with (world, kind) -> loaded with (world, kind)
+LOADS = {
+    (4, "fsdp1_tp"): [(4, "fsdp2"), (4, "fsdp1_tp"), (2, "fsdp2"), (2, "fsdp1")],
+    (4, "fsdp2_tp"): [(4, "fsdp1_tp"), (4, "fsdp2_tp"), (2, "fsdp2"), (2, "fsdp1")],
+    (2, "fsdp2"): [(4, "fsdp2_tp"), (4, "fsdp1_tp")],
+    (2, "fsdp1"): [(4, "fsdp2_tp"), (2, "fsdp2")],
+}
+
+
+@pytest.fixture(scope="module")
+def pools() -> Iterator[dict[int, RankPool]]:
+    ps = {4: RankPool(4, timeout=300), 2: RankPool(2, timeout=300)}
+    yield ps
+    for p in ps.values():
+        p.close()
+
+
+@pytest.mark.rule("CKPT-3")
+@pytest.mark.parametrize(("saved_on", "kind"), list(LOADS), ids=[f"{k}-on-{w}" for w, k in LOADS])
+def test_fsdp_checkpoint_loads_like_the_default_planner(
+    pools: dict[int, RankPool], tmp_path: Path, saved_on: int, kind: str
+) -> None:
+    pools[saved_on].run(save_model, str(tmp_path), kind)
+    for world, target in LOADS[(saved_on, kind)]:
+        reports = pools[world].run(load_model, str(tmp_path), target)
+        for r, rep in enumerate(reports):
+            where = f"{kind} on {saved_on} -> {target} on {world}, rank {r}"
+            assert not rep["ours"], (where, rep["ours"])
+            assert not rep["default"], (where, rep["default"])
+            assert not rep["same"], (where, rep["same"])
+            assert len(rep["keys"]) == 10, (where, rep["keys"])  # 5 Linears: weight + bias

@@ -6,12 +6,15 @@ boxes FSDP-1 gives each rank."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fsdp_dcp_planner_checks import load_model, save_model
+from fsdp_world_checks import _truth_layout, make_model
 
+from shardspec.metadata.cli import main
 from shardspec.reshard.testing import RankPool
 
 # saved with (world, kind) -> loaded with (world, kind)
@@ -45,3 +48,25 @@ def test_fsdp_checkpoint_loads_like_the_default_planner(
             assert not rep["default"], (where, rep["default"])
             assert not rep["same"], (where, rep["same"])
             assert len(rep["keys"]) == 10, (where, rep["keys"])  # 5 Linears: weight + bias
+
+
+@pytest.mark.rule("CKPT-6")
+@pytest.mark.parametrize("kind", ["fsdp1_tp", "fsdp2_tp"])
+def test_inspect_reads_fsdp_tp_checkpoints(
+    pools: dict[int, RankPool], tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    pools[4].run(save_model, str(tmp_path), kind)
+    assert main(["inspect", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    ref = make_model(0).state_dict()
+    got = {t["fqn"]: t for t in doc["tensors"]}
+    assert set(got) == {f"model.{k}" for k in ref}
+    for name, full in ref.items():
+        t = got[f"model.{name}"]
+        assert t["verdict"] == {"ok": True} and t["shape"] == list(full.shape)
+        assert t["dtype"] == "float32" and t["bytes"] == 4 * full.numel()
+        # The boxes FSDP-1 gives the ranks of the 2 x 2 mesh, each written once.
+        truth = {s.box for s in _truth_layout(name, tuple(full.shape), 2, 2).shards}
+        chunks = {(tuple(c["offsets"]), tuple(c["sizes"])) for c in t["chunks"]}
+        assert chunks == {(b.offsets, b.sizes) for b in truth}, name
+        assert all(c["file"] and c["file"].endswith(".distcp") for c in t["chunks"])

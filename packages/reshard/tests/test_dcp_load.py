@@ -7,6 +7,7 @@ bytes; a damaged checkpoint is refused on every rank before anything is read."""
 
 from __future__ import annotations
 
+import json
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from dcp_load_cases import load, load_expecting_error, save
 
 from shardspec.metadata import Box, Layout, Shard, chunk_layout
+from shardspec.metadata.cli import main
 from shardspec.reshard.testing import RankPool
 
 torch = pytest.importorskip("torch")
@@ -145,6 +147,31 @@ def test_saved_on_4_loaded_on_2_and_4(
     check_load(pools[4], tmp_path, entries(ON_4, 3))
 
 
+@pytest.mark.rule("CKPT-6")
+def test_inspect_reads_a_checkpoint_written_on_4_ranks(
+    pools: dict[int, RankPool], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pools[4].run(save, str(tmp_path), entries(ON_4, 1), True)
+    assert main(["inspect", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is True
+    got = {
+        t["fqn"]: {(tuple(c["offsets"]), tuple(c["sizes"]), c["file"]) for c in t["chunks"]}
+        for t in doc["tensors"]
+    }
+    assert set(got) == {e[0][0] for e in ON_4}
+    # Hand-worked: 10 rows over 4 ranks are 3, 3, 3, 1, rank r writing __r_0.distcp; 3 rows
+    # over 4 leave rank 3 an empty chunk at row 3; the ShardedTensor grid is 2 x 2 blocks.
+    rows = [(0, 3), (3, 3), (6, 3), (9, 1)]
+    assert got["dt.rows"] == {((o, 0), (n, 6), f"__{r}_0.distcp") for r, (o, n) in enumerate(rows)}
+    assert got["dt.uneven"] == {
+        ((r, 0), (1 if r < 3 else 0, 5), f"__{r}_0.distcp") for r in range(4)
+    }
+    blocks = [((0, 0), 0), ((0, 3), 1), ((4, 0), 2), ((4, 3), 3)]
+    assert got["st.grid"] == {(o, (4, 3), f"__{r}_0.distcp") for o, r in blocks}
+    assert [o["fqn"] for o in doc["objects"]] == ["step.epoch", "step.note"]
+
+
 @pytest.mark.rule("CKPT-3")
 def test_saved_on_2_loaded_on_4(pools: dict[int, RankPool], tmp_path: Path) -> None:
     pools[2].run(save, str(tmp_path), entries(ON_2, 1), True)
@@ -172,3 +199,17 @@ def test_a_checkpoint_with_a_chunk_removed_is_refused_on_every_rank(
     for a in answers:
         assert "'dt.rows'" in a and "gap" in a and "(6, 0)" in a, a
         assert "untouched=True" in a, a
+
+
+@pytest.mark.rule("CKPT-6")
+def test_inspect_flags_a_checkpoint_with_a_chunk_removed(
+    pools: dict[int, RankPool], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pools[4].run(save, str(tmp_path), entries(ON_4, 1)[:2], True)
+    damage(tmp_path, "dt.rows", 2)
+    assert main(["inspect", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "dt.rows  shape (10, 6)  float32  240 B  3 chunks  INVALID (gap)" in out
+    assert "checkpoint tensor 'dt.rows': gap: 18 of 60 elements are in no chunk" in out
+    assert "the first at (6, 0)" in out
+    assert "dt.uneven  shape (3, 5)  bfloat16  30 B  4 chunks  OK" in out

@@ -15,8 +15,9 @@ from pathlib import Path
 import nox
 
 ROOT = Path(__file__).parent
-# Dependency order: metadata <- reshard <- {fsdp, torchrec}. Packages not written yet are skipped.
-PACKAGE_ORDER = ("metadata", "reshard", "fsdp", "torchrec")
+# Dependency order: metadata <- {testing, reshard <- {fsdp, torchrec}}; testing (the rank
+# runtime) depends on metadata only, and the other packages' tests use it.
+PACKAGE_ORDER = ("metadata", "testing", "reshard", "fsdp", "torchrec")
 DEFAULT_TORCH = "2.13.0"
 TEST_DEPS = ("pytest>=8", "hypothesis>=6.100", "pytest-timeout", "pytest-xdist")
 TORCHREC_DEPS = (

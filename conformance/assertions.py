@@ -16,8 +16,7 @@ from typing import Any
 import torch
 
 from shardspec.metadata import Box, Layout
-
-from .protocol import tensor_bytes
+from shardspec.testing.protocol import tensor_bytes
 
 __all__ = [
     "assert_boxes_equal",

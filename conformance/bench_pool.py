@@ -19,7 +19,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from conformance.pool import RankPool
+from shardspec.testing import RankPool
+
+OPS = ("conformance.ops",)
 
 
 def example(world: int, rng: random.Random) -> tuple[list[list[int]], list[torch.Tensor]]:
@@ -44,7 +46,7 @@ def check(pool: RankPool, splits: list[list[int]], inputs: list[torch.Tensor]) -
 
 
 def rate(world: int, seconds: float, rng: random.Random) -> tuple[float, float]:
-    pool = RankPool(world)
+    pool = RankPool(world, ops=OPS)
     t0 = time.perf_counter()
     pool.start()
     startup = time.perf_counter() - t0
@@ -64,7 +66,7 @@ def spawn_per_example(world: int, n: int, rng: random.Random) -> float:
     """Examples per second when each example starts (and stops) its own ranks."""
     t0 = time.perf_counter()
     for _ in range(n):
-        with RankPool(world) as pool:
+        with RankPool(world, ops=OPS) as pool:
             check(pool, *example(world, rng))
     return n / (time.perf_counter() - t0)
 

@@ -26,7 +26,7 @@ if _ROOT not in sys.path:
 from conformance.cases import TRACKER  # noqa: E402
 from conformance.impls import IMPLS, Impl, get_impl  # noqa: E402
 
-collect_ignore = ["bench_pool.py", "report.py", "worker.py"]
+collect_ignore = ["bench_pool.py", "report.py"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -63,7 +63,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str:
     from conformance.impls import impl_name
-    from conformance.pool import backend, max_world_size
+    from shardspec.testing.devices import backend, max_world_size
 
     return (
         f"shardspec conformance: impl={impl_name()} backend={backend()} "
@@ -107,7 +107,7 @@ def impl() -> Impl:
 @pytest.fixture(scope="session")
 def pools() -> Iterator[Callable[[int], Any]]:
     """``pools(W)``: the session's rank pool of W ranks (started on first use)."""
-    from conformance.pool import (
+    from shardspec.testing import (
         backend,
         get_pool,
         launcher_rank,
@@ -129,7 +129,9 @@ def pools() -> Iterator[Callable[[int], Any]]:
         reason = skip_reason(world_size)
         if reason is not None:
             pytest.skip(reason)
-        return get_pool(world_size)
+        from conformance import OPS
+
+        return get_pool(world_size, ops=OPS)
 
     yield get
     shutdown_pools()

@@ -1,31 +1,22 @@
 """What each rank runs in the conformance suite's real FSDP + TP model runs
-(tests/test_fsdp_models.py). The model, TP plan and per-rank checks are the fsdp package's own
-(packages/fsdp/tests/fsdp_world_checks.py, imported, not copied); this module only picks which
-FSDP1 extension the implementation under test brings and keeps each world to the few checks
-the area asks for, so a launch stays short."""
+(tests/test_fsdp_models.py). The model, TP plan and per-rank checks are shared with the fsdp
+package's tests (``shardspec.testing.fsdp_model``); this module only picks which FSDP1
+extension the implementation under test brings and keeps each world to the few checks the
+area asks for, so a launch stays short."""
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
-# The fsdp package's test helpers are imported by name; spawned ranks inherit sys.path.
-_FSDP_TESTS = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "packages", "fsdp", "tests"
-)
-if _FSDP_TESTS not in sys.path:
-    sys.path.insert(0, _FSDP_TESTS)
-
-from fsdp_world_checks import (  # noqa: E402
+from shardspec.testing import run_world
+from shardspec.testing.fsdp_model import (
     DIMS,
     LINEARS,
-    _check_dtensor_entries,
+    check_dtensor_entries as _check_dtensor_entries,
     make_model,
     reference_step,
     tp_plan,
 )
-from fsdp_worlds import run_world  # noqa: E402
 
 __all__ = ["fsdp1_tp_world", "fsdp2_tp_world", "run_world"]
 

@@ -1,4 +1,5 @@
-"""The table of operations a pool rank can run, by name.
+"""The conformance suite's operations, registered by name in ``shardspec.testing.ops``'s table
+(pools of the suite import this module on every rank: ``ops=("conformance.ops",)``).
 
 An operation gets the rank's :class:`Context`, the JSON arguments (the same on every rank) and
 its input tensors, and returns a JSON value and output tensors. A *collective* operation
@@ -14,112 +15,14 @@ from __future__ import annotations
 
 import os
 import time
-import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["OPERATIONS", "Context", "execute", "operation"]
+from shardspec.testing.ops import OPERATIONS, Context, Outcome, execute, operation, warm_up
 
-
-@dataclass
-class Context:
-    rank: int
-    world: int
-    backend: str
-    meshes: dict[tuple[int, ...], Any] = field(default_factory=dict)
-
-    @property
-    def device(self) -> torch.device:
-        if self.backend == "nccl":
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
-
-    def mesh(self, shape: tuple[int, ...]) -> Any:
-        """The DeviceMesh of ``shape`` over all ranks, built once (building one is collective,
-        and every rank asks for meshes in the same order because it runs the same examples)."""
-        mesh = self.meshes.get(shape)
-        if mesh is None:
-            from torch.distributed.device_mesh import DeviceMesh
-
-            ids = torch.arange(self.world).reshape(shape)
-            mesh = DeviceMesh(self.device.type, ids)
-            self.meshes[shape] = mesh
-        return mesh
-
-
-@dataclass
-class Outcome:
-    value: Any = None
-    tensors: list[torch.Tensor] = field(default_factory=list)
-    error: str | None = None
-    aborted: bool = False
-
-
-Fn = Callable[[Context, dict[str, Any], list[torch.Tensor]], tuple[Any, list[torch.Tensor]]]
-Check = Callable[[Context, dict[str, Any], list[torch.Tensor]], None]
-
-
-@dataclass
-class Operation:
-    fn: Fn
-    collective: bool
-    check: Check | None
-
-
-OPERATIONS: dict[str, Operation] = {}
-
-
-def operation(name: str, *, collective: bool, check: Check | None = None) -> Callable[[Fn], Fn]:
-    def register(fn: Fn) -> Fn:
-        if name in OPERATIONS:
-            raise ValueError(f"operation {name!r} registered twice")
-        OPERATIONS[name] = Operation(fn, collective, check)
-        return fn
-
-    return register
-
-
-def execute(
-    ctx: Context, name: str, args: dict[str, Any], tensors: list[torch.Tensor]
-) -> tuple[str, Outcome]:
-    """Run one example on this rank; returns (phase reached, outcome)."""
-    op = OPERATIONS.get(name)
-    error = None
-    if op is None:
-        error = f"unknown operation {name!r}; known: {sorted(OPERATIONS)}"
-    else:
-        try:
-            if op.check is not None:
-                op.check(ctx, args, tensors)
-        except Exception:
-            error = traceback.format_exc()
-    if op is None or op.collective:
-        # Everyone reaches this all-reduce, whatever their check said.
-        flag = torch.tensor([1 if error else 0], dtype=torch.int32, device=ctx.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if error is not None:
-            return "check", Outcome(error=error)
-        if int(flag.item()):
-            return "check", Outcome(aborted=True)
-    elif error is not None:
-        return "check", Outcome(error=error)
-    assert op is not None
-    try:
-        value, outs = op.fn(ctx, args, [t.to(ctx.device) for t in tensors])
-    except Exception:
-        return ("collective" if op.collective else "run"), Outcome(error=traceback.format_exc())
-    return "run", Outcome(value=value, tensors=[t.detach().cpu() for t in outs])
-
-
-def warm_up(ctx: Context) -> None:
-    """Pay the imports and the first collective before the first example is timed."""
-    import torch.distributed.tensor  # noqa: F401
-
-    dist.barrier()
+__all__ = ["OPERATIONS", "Context", "Outcome", "execute", "operation", "warm_up"]
 
 
 def _on_listed_rank(ctx: Context, args: dict[str, Any]) -> bool:

@@ -73,7 +73,7 @@ def _sharded_tensor(
     layout = layout_from_json(args["layout"])
     dtype = getattr(torch, args["dtype"])
     mine = [s for s in layout.shards if s.rank == ctx.rank]
-    from conformance.pool import rank_device
+    from shardspec.testing.devices import rank_device
 
     def device(rank: int) -> str:  # each owner's own device: cuda:<rank> under NCCL
         return rank_device(rank, ctx.backend)

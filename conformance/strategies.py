@@ -28,9 +28,9 @@ from shardspec.metadata.strategies import (
     valid_layouts,
     with_replicas,
 )
+from shardspec.testing.protocol import DTYPES
 
 from .codec import placements_to_json
-from .protocol import DTYPES
 
 DTYPE_NAMES = tuple(DTYPES)
 

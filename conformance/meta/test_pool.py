@@ -11,14 +11,15 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from conformance.pool import RankCrash, RankError, RankPool
-from conformance.protocol import ProtocolError, decode_tensor, encode_tensor, tensor_bytes
+from conformance import OPS
 from conformance.strategies import dtypes, shapes, tensors
+from shardspec.testing import RankCrash, RankError, RankPool
+from shardspec.testing.protocol import ProtocolError, decode_tensor, encode_tensor, tensor_bytes
 
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[RankPool]:
-    p = RankPool(2, timeout=5)
+    p = RankPool(2, timeout=5, ops=OPS)
     yield p
     p.close()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.pool import launcher_rank, rank_device, skip_reason
+from shardspec.testing.devices import launcher_rank, rank_device, skip_reason
 
 
 @pytest.mark.rule("CONF-3")

@@ -23,9 +23,9 @@ from conformance.assertions import (
 from conformance.cases import case
 from conformance.codec import layout_from_json
 from conformance.impls import Impl
-from conformance.pool import max_world_size
 from conformance.strategies import chunk_args, dtypes, shapes, tensors, uneven_chunk_args
 from shardspec.metadata import Box, Layout, chunk_layout
+from shardspec.testing.devices import max_world_size
 
 MAX_WORLD = max(1, max_world_size())
 ChunkFn = Callable[[tuple[int, ...], int, list[int]], Layout]

@@ -29,9 +29,9 @@ from conformance.assertions import (
 from conformance.cases import case
 from conformance.codec import layout_from_json, placement_repr, placements_from_json
 from conformance.impls import Impl
-from conformance.pool import max_world_size
 from conformance.strategies import dtensor_pool_cases, dtypes, shapes, tensors, valid_layouts
 from shardspec.metadata import Box, Layout, chunk_layout
+from shardspec.testing.devices import max_world_size
 
 MAX_WORLD = max(1, max_world_size())
 

@@ -15,8 +15,8 @@ from conformance.assertions import assert_equal, assert_tensor_bitwise
 from conformance.cases import case
 from conformance.codec import placement_repr
 from conformance.impls import Impl
-from conformance.pool import max_world_size
 from conformance.strategies import dtensor_pool_cases, dtypes, nested_empty_cases, tensors
+from shardspec.testing.devices import max_world_size
 
 
 def _describe(shape: Any, mesh: Any, placements: Any) -> str:

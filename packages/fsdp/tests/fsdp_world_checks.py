@@ -1,5 +1,6 @@
 """What each rank runs in the real FSDP + TP worlds; every function returns plain data
-(``{check name: [failure messages]}`` plus facts) for the driver to assert on."""
+(``{check name: [failure messages]}`` plus facts) for the driver to assert on. The model and the
+per-entry check are shared with the conformance suite (``shardspec.testing.fsdp_model``)."""
 
 from __future__ import annotations
 
@@ -11,154 +12,19 @@ from torch import nn
 
 from shardspec.fsdp.placements import Replicate, ShardDim, from_torch
 from shardspec.fsdp.rules import dtensor_layout, fsdp_tp_layout
+from shardspec.testing.fsdp_model import (
+    DIMS,
+    LINEARS,
+    TP_DIM,
+    check_dtensor_entries as _check_dtensor_entries,
+    clean,
+    expected_box,
+    make_model,
+    reference_step,
+    tp_plan,
+)
 
-# Uneven on a 2x2 mesh: 7 rows over TP 2 -> [0,4) [4,7), then FSDP 2 -> 2,2 / 2,1; 14 -> 7,7
-# -> 4,3; 6 -> 3,3 -> 2,1; the last Linear is outside the TP plan (3 rows over dp 2).
-DIMS = (10, 7, 5, 14, 6, 3)
-LINEARS = (0, 2, 4, 6, 8)
-
-
-def make_model(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    layers: list[nn.Module] = []
-    for i in range(len(DIMS) - 1):
-        layers += [nn.Linear(DIMS[i], DIMS[i + 1]), nn.ReLU()]
-    return nn.Sequential(*layers[:-1])
-
-
-TP_OF = {
-    "0.weight": ShardDim(0),
-    "0.bias": ShardDim(0),
-    "2.weight": ShardDim(1),
-    "2.bias": Replicate(),
-    "4.weight": ShardDim(0),
-    "4.bias": ShardDim(0),
-    "6.weight": ShardDim(1),
-    "6.bias": Replicate(),
-}
-
-
-def tp_plan() -> dict[str, Any]:
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    # Colwise hands Rowwise a DTensor: a plain local activation would be rebuilt with
-    # from_local, which assumes even shards and breaks on the uneven hidden dim of 7.
-    return {
-        "0": ColwiseParallel(use_local_output=False),
-        "2": RowwiseParallel(),
-        "4": ColwiseParallel(use_local_output=False),
-        "6": RowwiseParallel(),
-    }
-
-
-def clean(fqn: str) -> str:
-    for junk in ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "module."):
-        fqn = fqn.replace(junk, "")
-    return fqn
-
-
-def _no_tp_ranks(dp: int, tp: int) -> list[int]:
-    # A parameter outside the TP plan is chunked over dp and replicated over tp: as a layout on
-    # (replicate=tp, dp, tp=1) the ranks are listed tp-major.
-    return [p * tp + t for t in range(tp) for p in range(dp)]
-
-
-def expected_box(name: str, shape: tuple[int, ...], rank: int, dp: int, tp: int) -> Any:
-    (box,) = _truth_layout(name, shape, dp, tp).boxes_of(rank)
-    return box
-
-
-def _local(v: Any) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return v.to_local() if isinstance(v, DTensor) else v
-
-
-def _check_dtensor_entries(
-    sd: dict[str, Any],
-    ref: dict[str, torch.Tensor],
-    rank: int,
-    dp: int,
-    tp: int,
-    what: str,
-    atol: float = 0.0,
-) -> list[str]:
-    """Every entry of ``sd`` that names a reference tensor holds, on this rank, exactly the box
-    of FSDP-1, and says so: a DTensor's placements claim that box, a (flat) ShardedTensor's
-    local shard sits at it and its metadata gives every box of FSDP-1 with a real owner."""
-    from torch.distributed._shard.sharded_tensor.api import ShardedTensor
-    from torch.distributed.tensor import DTensor
-
-    from shardspec.fsdp.flatten import layout_of
-    from shardspec.metadata import Box
-
-    bad: list[str] = []
-    seen = set()
-    for key, value in sd.items():
-        name = clean(key)
-        if name not in ref:
-            continue
-        seen.add(name)
-        full = ref[name]
-        box = expected_box(name, tuple(full.shape), rank, dp, tp)
-        if isinstance(value, ShardedTensor):
-            (shard,) = value.local_shards()
-            local = shard.tensor
-            got = Box(shard.metadata.shard_offsets, shard.metadata.shard_sizes)
-            if got != box:
-                bad.append(f"{what} {name} rank {rank}: local shard at {got}, data is {box}")
-            layout = layout_of(value)
-            layout.validate()
-            truth_l = _truth_layout(name, tuple(full.shape), dp, tp)
-            for s in layout.shards:
-                if s.box not in truth_l.boxes_of(s.rank):
-                    bad.append(f"{what} {name}: metadata gives {s.box} to rank {s.rank}")
-        elif isinstance(value, DTensor):
-            local = value.to_local()
-            mesh_shape = tuple(value.device_mesh.mesh.shape)
-            claimed = dtensor_layout(
-                tuple(value.shape),
-                mesh_shape,
-                [from_torch(p) for p in value.placements],
-                ranks=value.device_mesh.mesh.reshape(-1).tolist(),
-            )
-            mine = claimed.boxes_of(rank)
-            if mine != (box,) and not (box.is_empty and all(b.is_empty for b in mine)):
-                bad.append(
-                    f"{what} {name} rank {rank}: placements {value.placements} claim "
-                    f"{mine}, data is {box}"
-                )
-        else:
-            bad.append(f"{what} {name}: {type(value).__name__}, not a DTensor or ShardedTensor")
-            continue
-        want = full[box.slices()]
-        if tuple(local.shape) != tuple(want.shape) or not torch.allclose(
-            local.float(), want.float(), atol=atol, rtol=0
-        ):
-            bad.append(f"{what} {name} rank {rank}: local {tuple(local.shape)} != ref box {box}")
-    if seen != set(ref):
-        bad.append(f"{what}: checked {sorted(seen)}, but should be {sorted(ref)}")
-    return bad
-
-
-def _truth_layout(name: str, shape: tuple[int, ...], dp: int, tp: int) -> Any:
-    if name in TP_OF:
-        return fsdp_tp_layout(shape, TP_OF[name], dp=dp, tp_size=tp)
-    return fsdp_tp_layout(
-        shape, Replicate(), dp=dp, tp_size=1, replicate=tp, ranks=_no_tp_ranks(dp, tp)
-    )
-
-
-def reference_step(seed: int, x: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """One Adam step of the plain model: parameters and exp_avg after it."""
-    model = make_model(seed)
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    model(x).sum().backward()
-    opt.step()
-    params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    names = [k for k, _ in model.named_parameters()]
-    avg = {names[i]: s["exp_avg"].clone() for i, s in enumerate(opt.state.values())}
-    return params, avg
+TP_OF = {k: Replicate() if d is None else ShardDim(d) for k, d in TP_DIM.items()}
 
 
 def fsdp1_world(

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 from fsdp_world_checks import fsdp1_world, three_by_two_world, two_by_two_world
-from fsdp_worlds import run_world
+
+from shardspec.testing import run_world
 
 WORLD = 4
 

@@ -423,7 +423,7 @@ def main() -> None:
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--methods", default="floor,shardspec,dtensor,sharded,dcp")
     args, _ = ap.parse_known_args()
-    from shardspec.reshard.testing import RankPool
+    from shardspec.testing import RankPool
 
     sizes = [64, 256] if args.full else [4, 16]
     sd_side = (64, 64) if args.full else (16, 16)
@@ -442,7 +442,7 @@ def main() -> None:
                     for even in (True, False):
                         shape = tensor_shape(mib, world, even)
                         ms = [m for m in methods if even or m != "sharded"]
-                        per_rank = pool.run(bench_tensor, shape, ms, args.reps, tmp)
+                        per_rank = pool.call(bench_tensor, shape, ms, args.reps, tmp)
                         merged = {
                             m: {
                                 "times": [
@@ -462,7 +462,7 @@ def main() -> None:
                             )
                         )
                 n = 1000
-                per_rank = pool.run(bench_state_dict, n, sd_side, methods, args.reps, tmp)
+                per_rank = pool.call(bench_state_dict, n, sd_side, methods, args.reps, tmp)
                 merged = {
                     m: {
                         "times": [

@@ -4,7 +4,7 @@ the whole module; every rank's output is compared with the reference bit for bit
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -24,20 +24,18 @@ from reshard_cases import (
 from shardspec.metadata import Layout, chunk_layout
 from shardspec.metadata.strategies import shapes, valid_layouts
 from shardspec.reshard import plan, reference
-from shardspec.reshard.testing import RankPool
+from shardspec.testing import RankFailure, RankPool, get_pool
 
 WORLD = 4
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[RankPool]:
-    p = RankPool(WORLD, timeout=120)
-    yield p
-    p.close()
+@pytest.fixture
+def pool() -> RankPool:
+    return get_pool(WORLD, timeout=120)  # one pool of WORLD ranks for the whole session
 
 
 def run_and_compare(pool: RankPool, cases: list[Case]) -> None:
-    answers = pool.run(
+    answers = pool.call(
         run_cases, per_rank=[([c.rank_args(r) for c in cases],) for r in range(WORLD)]
     )
     for i, c in enumerate(cases):
@@ -152,7 +150,7 @@ def test_rank_without_source_learns_the_dtype(pool: RankPool) -> None:
     src = Layout.replicated((5, 3), [0])
     dst = chunk_layout((5, 3), 0, [3, 2, 1, 0])
     inputs = [([full.clone()] if r == 0 else [], src, dst, {}) for r in range(WORLD)]
-    got = pool.run(run_single, per_rank=inputs)
+    got = pool.call(run_single, per_rank=inputs)
     want = reference.reshard({0: [full]}, src, dst)
     for r in range(WORLD):
         assert got[r][0].dtype == torch.bfloat16, f"rank {r} made {got[r][0].dtype}"
@@ -177,7 +175,7 @@ def test_rounds_bound_the_buffers_and_each_element_is_sent_once(
 ) -> None:
     full = random_tensor(src.shape, torch.float32, 11)
     inputs = {r: [full[b.slices()].clone() for b in src.boxes_of(r)] for r in src.ranks}
-    answers = pool.run(
+    answers = pool.call(
         count_all_to_all, per_rank=[(inputs.get(r, []), src, dst, budget) for r in range(WORLD)]
     )
     want = reference.reshard(inputs, src, dst)
@@ -223,7 +221,7 @@ def test_state_dict_of_mixed_tensors(pool: RankPool, budget: int | None) -> None
     for r in range(WORLD):
         state = {k: [full[k][b.slices()].clone() for b in src[k].boxes_of(r)] for k in src}
         per_rank.append((state, src, dst, budget))
-    got = pool.run(run_state_dict, per_rank=per_rank)
+    got = pool.call(run_state_dict, per_rank=per_rank)
     for k in src:
         inputs = {r: per_rank[r][0][k] for r in range(WORLD)}
         want = reference.reshard(inputs, src[k], dst[k])
@@ -240,10 +238,10 @@ def _inputs(src: Layout, full: torch.Tensor) -> dict[int, list[torch.Tensor]]:
     return {r: [full[b.slices()].clone() for b in src.boxes_of(r)] for r in range(WORLD)}
 
 
-def _all_raise(answers: list[tuple[str, ...]], *needles: str) -> str:
-    assert all(a[0] == "err" for a in answers), f"not every rank raised: {answers}"
-    assert {a[1] for a in answers} == {"ReshardError"}, answers
-    messages = {a[2] for a in answers}
+def _all_raise(answers: list[Any], *needles: str) -> str:
+    assert all(isinstance(a, RankFailure) for a in answers), f"not every rank raised: {answers}"
+    assert {a.type_name for a in answers} == {"ReshardError"}, answers
+    messages = {a.message for a in answers}
     assert len(messages) == 1, f"ranks raised different messages: {messages}"
     msg = messages.pop()
     for n in needles:
@@ -258,9 +256,9 @@ def test_one_rank_with_a_different_dst_makes_every_rank_raise(pool: RankPool) ->
     other = chunk_layout((12, 21), 1, [1, 0, 2, 3])
     ins = _inputs(src, random_tensor((12, 21), torch.float32, 1))
     args = [(ins[r], src, other if r == 2 else dst, {}) for r in range(WORLD)]
-    _all_raise(pool.run_all(run_single, per_rank=args), "destination layouts", "[2]")
+    _all_raise(pool.call_all(run_single, per_rank=args), "destination layouts", "[2]")
     # The group is still usable afterwards: nothing was left half-sent.
-    ok = pool.run(run_single, per_rank=[(ins[r], src, dst, {}) for r in range(WORLD)])
+    ok = pool.call(run_single, per_rank=[(ins[r], src, dst, {}) for r in range(WORLD)])
     assert len(ok) == WORLD
 
 
@@ -274,15 +272,15 @@ def test_disagreements_on_shape_dtype_and_budget_raise_everywhere(pool: RankPool
     src5, dst5 = chunk_layout((8, 5), 0, range(4)), chunk_layout((8, 5), 1, range(4))
     ins5 = _inputs(src5, random_tensor((8, 5), torch.float32, 2))
     args = [(ins5[r], src5, dst5, {}) if r == 3 else (ins[r], src, dst, {}) for r in range(WORLD)]
-    _all_raise(pool.run_all(run_single, per_rank=args), "keys and shapes")
+    _all_raise(pool.call_all(run_single, per_rank=args), "keys and shapes")
     # A different dtype on rank 1.
     args = [
         ([t.double() for t in ins[r]] if r == 1 else ins[r], src, dst, {}) for r in range(WORLD)
     ]
-    _all_raise(pool.run_all(run_single, per_rank=args), "dtype", "torch.float64", "torch.float32")
+    _all_raise(pool.call_all(run_single, per_rank=args), "dtype", "torch.float64", "torch.float32")
     # A different max_buffer_bytes on rank 0.
     args = [(ins[r], src, dst, {"max_buffer_bytes": 64 if r == 0 else None}) for r in range(WORLD)]
-    _all_raise(pool.run_all(run_single, per_rank=args), "max_buffer_bytes")
+    _all_raise(pool.call_all(run_single, per_rank=args), "max_buffer_bytes")
 
 
 @pytest.mark.rule("RESHARD-5")
@@ -291,18 +289,18 @@ def test_bad_local_input_on_one_rank_raises_everywhere(pool: RankPool) -> None:
     dst = chunk_layout((8, 4), 1, range(4))
     ins = _inputs(src, random_tensor((8, 4), torch.float32, 3))
     wrong_shape = [([torch.zeros(3, 4)] if r == 1 else ins[r], src, dst, {}) for r in range(WORLD)]
-    _all_raise(pool.run_all(run_single, per_rank=wrong_shape), "rank 1", "shape (3, 4)")
+    _all_raise(pool.call_all(run_single, per_rank=wrong_shape), "rank 1", "shape (3, 4)")
     too_many = [(ins[r] * 2 if r == 2 else ins[r], src, dst, {}) for r in range(WORLD)]
-    _all_raise(pool.run_all(run_single, per_rank=too_many), "rank 2", "2 local shards")
+    _all_raise(pool.call_all(run_single, per_rank=too_many), "rank 2", "2 local shards")
     mismatched = chunk_layout((8, 5), 1, range(4))  # every rank: shape mismatch in the plan
     _all_raise(
-        pool.run_all(run_single, per_rank=[(ins[r], src, mismatched, {}) for r in range(WORLD)]),
+        pool.call_all(run_single, per_rank=[(ins[r], src, mismatched, {}) for r in range(WORLD)]),
         "LayoutError",
     )
     not_a_layout = [(ins[r], "rows" if r == 3 else src, dst, {}) for r in range(WORLD)]
-    _all_raise(pool.run_all(run_single, per_rank=not_a_layout), "rank 3")
+    _all_raise(pool.call_all(run_single, per_rank=not_a_layout), "rank 3")
     big = chunk_layout((8, 4), 0, range(6))  # names ranks 4 and 5 in a group of 4
     _all_raise(
-        pool.run_all(run_single, per_rank=[(ins[r], src, big, {}) for r in range(WORLD)]),
+        pool.call_all(run_single, per_rank=[(ins[r], src, big, {}) for r in range(WORLD)]),
         "ranks [4, 5]",
     )

@@ -3,7 +3,6 @@ its send buffer) and ``out=``, on 4 gloo ranks, against the reference bit for bi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,16 +12,14 @@ from reshard_direct_cases import run_counted, run_state_dict_counted, run_state_
 
 from shardspec.metadata import Layout, chunk_layout
 from shardspec.reshard import reference
-from shardspec.reshard.testing import RankPool
+from shardspec.testing import RankFailure, RankPool, get_pool
 
 WORLD = 4
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[RankPool]:
-    p = RankPool(WORLD, timeout=120)
-    yield p
-    p.close()
+@pytest.fixture
+def pool() -> RankPool:
+    return get_pool(WORLD, timeout=120)  # one pool of WORLD ranks for the whole session
 
 
 def _inputs(src: Layout, full: torch.Tensor, contiguous: bool = True) -> list[list[torch.Tensor]]:
@@ -45,7 +42,7 @@ def _run(
 ) -> list[dict[str, int]]:
     ins = _inputs(src, full, contiguous)
     kw = kwargs or [{} for _ in range(WORLD)]
-    answers = pool.run(run_counted, per_rank=[(ins[r], src, dst, kw[r]) for r in range(WORLD)])
+    answers = pool.call(run_counted, per_rank=[(ins[r], src, dst, kw[r]) for r in range(WORLD)])
     want = reference.reshard({r: ins[r] for r in range(WORLD)}, src, dst)
     for r, (got, _, _) in enumerate(answers):
         assert len(got) == len(want.get(r, []))
@@ -176,7 +173,7 @@ def test_mixed_dtype_state_dict_with_odd_pieces(
     full = {k: random_tensor(s, d, 20 + i) for i, (k, (s, d)) in enumerate(specs.items())}
     states = [{k: _inputs(src[k], full[k], contiguous)[r] for k in specs} for r in range(WORLD)]
     kwargs = {"max_buffer_bytes": budget}
-    answers = pool.run(
+    answers = pool.call(
         run_state_dict_counted,
         per_rank=[(states[r], src, dst, kwargs) for r in range(WORLD)],
     )
@@ -213,7 +210,7 @@ def test_out_receives_the_result(pool: RankPool, shape: tuple[int, int], contigu
     full = random_tensor(shape, torch.float32, 11)
     ins = _inputs(src, full)
     outs = _outs(dst, torch.float32, contiguous)
-    answers = pool.run(
+    answers = pool.call(
         run_counted, per_rank=[(ins[r], src, dst, {"out": outs[r]}) for r in range(WORLD)]
     )
     want = reference.reshard({r: ins[r] for r in range(WORLD)}, src, dst)
@@ -226,9 +223,9 @@ def test_out_receives_the_result(pool: RankPool, shape: tuple[int, int], contigu
             assert counts["recv"] == 0
 
 
-def _all_raise(answers: list[tuple[str, ...]], *needles: str) -> None:
-    assert all(a[0] == "err" for a in answers), f"not every rank raised: {answers}"
-    messages = {a[2] for a in answers}
+def _all_raise(answers: list[Any], *needles: str) -> None:
+    assert all(isinstance(a, RankFailure) for a in answers), f"not every rank raised: {answers}"
+    messages = {a.message for a in answers}
     assert len(messages) == 1, messages
     msg = messages.pop()
     for n in needles:
@@ -247,15 +244,17 @@ def test_bad_out_on_one_rank_raises_everywhere(pool: RankPool) -> None:
             (ins[r], src, dst, {"out": bad if r == bad_rank else good[r]}) for r in range(WORLD)
         ]
 
-    _all_raise(pool.run_all(run_counted, per_rank=args(1, [torch.zeros(8, 2)])), "rank 1", "out #0")
     _all_raise(
-        pool.run_all(run_counted, per_rank=args(2, [torch.zeros(8, 1, dtype=torch.float64)])),
+        pool.call_all(run_counted, per_rank=args(1, [torch.zeros(8, 2)])), "rank 1", "out #0"
+    )
+    _all_raise(
+        pool.call_all(run_counted, per_rank=args(2, [torch.zeros(8, 1, dtype=torch.float64)])),
         "rank 2",
         "torch.float64",
     )
-    _all_raise(pool.run_all(run_counted, per_rank=args(3, [])), "rank 3", "0 out tensors")
+    _all_raise(pool.call_all(run_counted, per_rank=args(3, [])), "rank 3", "0 out tensors")
     # Nothing was left half-sent: the group still works, and the good outs were not touched.
-    ok = pool.run(run_counted, per_rank=args(0, good[0]))
+    ok = pool.call(run_counted, per_rank=args(0, good[0]))
     assert all(same for _, _, same in ok)
 
 
@@ -269,7 +268,7 @@ def test_out_dtype_of_a_rank_without_sources_is_agreed(pool: RankPool) -> None:
     outs = _outs(dst, torch.float32)
     outs[3] = [torch.zeros(8, 1, dtype=torch.int32)]
     args = [(ins[r], src, dst, {"out": outs[r]}) for r in range(WORLD)]
-    _all_raise(pool.run_all(run_counted, per_rank=args), "dtype", "torch.int32")
+    _all_raise(pool.call_all(run_counted, per_rank=args), "dtype", "torch.int32")
 
 
 @pytest.mark.rule("RESHARD-1", "RESHARD-5")
@@ -281,7 +280,7 @@ def test_state_dict_out(pool: RankPool) -> None:
     full = {k: random_tensor(s, dtypes[k], 14) for k, s in shapes.items()}
     states = [{k: _inputs(src[k], full[k])[r] for k in shapes} for r in range(WORLD)]
     outs = [{k: _outs(dst[k], dtypes[k])[r] for k in shapes} for r in range(WORLD)]
-    answers = pool.run(
+    answers = pool.call(
         run_state_dict_out,
         per_rank=[(states[r], src, dst, outs[r]) for r in range(WORLD)],
     )
@@ -296,7 +295,7 @@ def test_state_dict_out(pool: RankPool) -> None:
     bad = [dict(outs[r]) for r in range(WORLD)]
     del bad[2]["b"]
     _all_raise(
-        pool.run_all(
+        pool.call_all(
             run_state_dict_out, per_rank=[(states[r], src, dst, bad[r]) for r in range(WORLD)]
         ),
         "rank 2",

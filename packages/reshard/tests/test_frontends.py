@@ -3,7 +3,6 @@ RESHARD-8), plus the upstream defects they replace, as expected failures."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,17 +27,15 @@ from torch.distributed.tensor.placement_types import _StridedShard
 
 from shardspec.metadata import Box, Layout, Shard as LShard, chunk_layout
 from shardspec.reshard import reference
-from shardspec.reshard.testing import RankPool
+from shardspec.testing import RankPool, get_pool
 
 WORLD = 4
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[RankPool]:
-    p = RankPool(WORLD, timeout=120)
-    yield p
-    p.close()
+@pytest.fixture
+def pool() -> RankPool:
+    return get_pool(WORLD, timeout=120)  # one pool of WORLD ranks for the whole session
 
 
 def chunk_spec(dim: int, ranks: list[int]) -> ChunkShardingSpec:
@@ -127,7 +124,7 @@ def test_sharded_tensor_to_any_spec(
     pool: RankPool, src: Layout, dst_spec: Any, dst: Layout
 ) -> None:
     full = random_tensor(src.shape, torch.float32, 5)
-    answers = pool.run(st_reshard, full, src, dst_spec)
+    answers = pool.call(st_reshard, full, src, dst_spec)
     assert_local_shards(answers, full, dst, f"{src} -> {dst_spec}")
 
 
@@ -135,7 +132,7 @@ def test_sharded_tensor_to_any_spec(
 def test_sharded_tensor_built_by_torch_with_empty_chunks_past_the_end(pool: RankPool) -> None:
     """torch puts the empty 4th chunk of 5 rows at offset 6 (CHUNK-2); we still reshard it."""
     full = random_tensor((5, 3), torch.bfloat16, 6)
-    answers = pool.run(
+    answers = pool.call(
         st_upstream_built_reshard,
         full,
         chunk_spec(0, [0, 1, 2, 3]),
@@ -183,7 +180,7 @@ def test_dtensor_to_any_placements_on_any_mesh(
     pool: RankPool, shape: tuple[int, ...], src_mesh: Any, src_pl: Any, dst_mesh: Any, dst_pl: Any
 ) -> None:
     full = random_tensor(shape, torch.float32, 9)
-    answers = pool.run(dt_reshard, full, src_mesh, src_pl, dst_mesh, dst_pl)
+    answers = pool.call(dt_reshard, full, src_mesh, src_pl, dst_mesh, dst_pl)
     for r, (got, want, placements) in enumerate(answers):
         assert placements == tuple(dst_pl), f"rank {r} placements {placements}"
         # Oracle: upstream's own distribute_tensor of the global tensor on the target.
@@ -197,7 +194,7 @@ def test_dtensor_to_an_uneven_layout_no_placement_expresses(pool: RankPool) -> N
         [*UNEVEN.shards, LShard(Box((7, 0), (2, 4)), 1)],  # rank 1 holds a replica of the last rows
     )
     full = random_tensor((9, 4), torch.complex64, 10)
-    answers = pool.run(dt_to_layout, full, [0, 1, 2, 3], [Shard(1)], dst)
+    answers = pool.call(dt_to_layout, full, [0, 1, 2, 3], [Shard(1)], dst)
     assert_local_shards([list(zip(a[1], a[0])) for a in answers], full, dst, "to uneven layout")
     assert [a[2] for a in answers] == [bool(dst.boxes_of(r)) for r in range(WORLD)]
 
@@ -214,7 +211,7 @@ def test_dtensor_to_an_uneven_layout_no_placement_expresses(pool: RankPool) -> N
 )
 def test_upstream_dtensor_shard0_to_shard1_receives_only_its_share(pool: RankPool) -> None:
     full = random_tensor((8, 8), torch.float32, 2)
-    answers = pool.run(dt_upstream_redistribute_collectives, full)
+    answers = pool.call(dt_upstream_redistribute_collectives, full)
     for r, calls in enumerate(answers):
         received = sum(n for _, n in calls)
         assert received <= full.numel() // WORLD, f"rank {r} received {received} elements: {calls}"
@@ -229,7 +226,7 @@ def test_upstream_dtensor_shard0_to_shard1_receives_only_its_share(pool: RankPoo
 )
 def test_upstream_distribute_tensor_on_a_permuted_mesh(pool: RankPool) -> None:
     full = torch.arange(54.0).reshape(9, 6)
-    answers = pool.run(dt_distribute_scatter, full, [[3, 2], [1, 0]], [Shard(1), Shard(0)])
+    answers = pool.call(dt_distribute_scatter, full, [[3, 2], [1, 0]], [Shard(1), Shard(0)])
     for r, (scattered, sliced) in enumerate(answers):
         assert torch.equal(scattered, sliced), f"rank {r}: {scattered[0]} vs {sliced[0]}"
 
@@ -239,9 +236,9 @@ def _throwaway_pool_run(fn: Any, *args: Any) -> list[Any]:
     # module's pool alive. A short timeout turns a hang into a failure.
     p = RankPool(WORLD, timeout=20)
     try:
-        return p.run(fn, *args)
+        return p.call(fn, *args)
     finally:
-        p.close(force=True)
+        p.close()
 
 
 @pytest.mark.rule("RESHARD-1")

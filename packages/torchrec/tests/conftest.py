@@ -1,6 +1,5 @@
 import os
 import sys
-from collections.abc import Iterator
 
 import pytest
 
@@ -16,23 +15,19 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-def _pool(world: int, local_size: int) -> Iterator[object]:
-    from shardspec.reshard.testing import RankPool
+def _pool(world: int, local_size: int) -> object:
+    from shardspec.testing import get_pool
 
-    pool = RankPool(world, local_size=local_size)
-    try:
-        yield pool
-    finally:
-        pool.close()
+    return get_pool(world, local_size=local_size, timeout=300)
 
 
 # One world per size for the whole session: every multi-rank test shares it.
 @pytest.fixture(scope="session")
-def ranks2() -> Iterator[object]:
-    yield from _pool(2, 2)
+def ranks2() -> object:
+    return _pool(2, 2)
 
 
 @pytest.fixture(scope="session")
-def ranks4() -> Iterator[object]:
+def ranks4() -> object:
     # Two hosts of two ranks, so table_row_wise, table_column_wise and grid_shard have hosts.
-    yield from _pool(4, 2)
+    return _pool(4, 2)

@@ -138,7 +138,7 @@ def no_failures(per_rank: list[list[str]]) -> None:
 )
 @pytest.mark.parametrize("output_dtensor", [False, True], ids=["ShardedTensor", "DTensor"])
 def test_plans_on_2_ranks(ranks2: Any, output_dtensor: bool) -> None:
-    no_failures(ranks2.run(cases.check_plans, PLANS_2, output_dtensor))
+    no_failures(ranks2.call(cases.check_plans, PLANS_2, output_dtensor))
 
 
 @pytest.mark.rule("TORCHREC-10", "TORCHREC-7", "TORCHREC-8", "TORCHREC-9", "TORCHREC-16")
@@ -149,32 +149,32 @@ def test_plans_on_4_ranks(ranks4: Any, output_dtensor: bool) -> None:
         # TorchRec cannot build the DTensor of a table_column_wise table on a rank that holds
         # none of it (test_plans.py::test_upstream_dtensor_shape_of_table_column_wise).
         del plans["table_column_wise"]
-    no_failures(ranks4.run(cases.check_plans, plans, output_dtensor))
+    no_failures(ranks4.call(cases.check_plans, plans, output_dtensor))
 
 
 @pytest.mark.rule("TORCHREC-17")
 def test_reshard_between_plans_on_2_ranks(ranks2: Any) -> None:
-    no_failures(ranks2.run(cases.check_pairs, PAIRS_2))
+    no_failures(ranks2.call(cases.check_pairs, PAIRS_2))
 
 
 @pytest.mark.rule("TORCHREC-17")
 def test_reshard_between_plans_on_4_ranks(ranks4: Any) -> None:
-    no_failures(ranks4.run(cases.check_pairs, PAIRS_4))
+    no_failures(ranks4.call(cases.check_pairs, PAIRS_4))
 
 
 @pytest.mark.rule("TORCHREC-17")
 def test_reshard_writes_the_destination_weights_in_place_on_2_ranks(ranks2: Any) -> None:
-    no_failures(ranks2.run(cases.check_in_place, PAIRS_2))
+    no_failures(ranks2.call(cases.check_in_place, PAIRS_2))
 
 
 @pytest.mark.rule("TORCHREC-17")
 def test_reshard_writes_the_destination_weights_in_place_on_4_ranks(ranks4: Any) -> None:
-    no_failures(ranks4.run(cases.check_in_place, PAIRS_4[:2]))
+    no_failures(ranks4.call(cases.check_in_place, PAIRS_4[:2]))
 
 
 @pytest.mark.rule("TORCHREC-18")
 def test_loading_shards_of_another_plan_is_refused_on_every_rank(ranks4: Any) -> None:
-    per_rank = ranks4.run(cases.check_refusal, PLANS_4["row_wise"], PLANS_4["table_wise"])
+    per_rank = ranks4.call(cases.check_refusal, PLANS_4["row_wise"], PLANS_4["table_wise"])
     for rank, (refused, untouched, loaded, missing) in enumerate(per_rank):
         assert "cannot load 'embedding_bags.t0.weight'" in refused, f"rank {rank}: {refused}"
         assert "reshard them to the model's layout first" in refused, f"rank {rank}: {refused}"
@@ -186,7 +186,7 @@ def test_loading_shards_of_another_plan_is_refused_on_every_rank(ranks4: Any) ->
 
 
 def _truth(pool: Any, plans: dict[str, Any]) -> dict[str, tuple[bool, bool]]:
-    per_rank = pool.run(cases.dtensor_truth, plans)
+    per_rank = pool.call(cases.dtensor_truth, plans)
     assert all(r == per_rank[0] for r in per_rank), "ranks disagree on the gathered layouts"
     return per_rank[0]  # type: ignore[no-any-return]
 

@@ -339,5 +339,5 @@ def test_dcp_round_trip_on_two_ranks(ranks2: object, tmp_path: object) -> None:
         (row_wise((1, 3), 2), table_wise((1, 3), 0), "complex64"),
         (row_wise((0, 3), 2), table_wise((0, 3), 1), "float16"),
     ]
-    failures = ranks2.run(cases.wrapper_dcp_round_trip, layouts, 7, str(tmp_path))  # type: ignore[attr-defined]
+    failures = ranks2.call(cases.wrapper_dcp_round_trip, layouts, 7, str(tmp_path))  # type: ignore[attr-defined]
     assert not [f for rank in failures for f in rank], failures

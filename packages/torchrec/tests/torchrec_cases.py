@@ -1,5 +1,5 @@
 """Rank-side checks for the TorchRec model tests: run inside the ranks of a
-shardspec.reshard.testing.RankPool.
+shardspec.testing.RankPool (as rank functions).
 
 Each function returns a list of failure messages (empty when everything held) so that the
 driver asserts once with every rank's findings; exceptions travel back as RankError.

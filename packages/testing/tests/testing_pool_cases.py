@@ -1,4 +1,4 @@
-"""Rank-side functions for test_testing.py (the RankPool harness itself)."""
+"""Rank functions for test_rank_functions.py (the pool itself)."""
 
 from __future__ import annotations
 
@@ -53,5 +53,9 @@ def pid(rank: int, world: int) -> int:
     return os.getpid()
 
 
-def unpicklable(rank: int, world: int) -> Any:
+def unsendable(rank: int, world: int) -> Any:
     return lambda: rank
+
+
+def round_trip(rank: int, world: int, value: Any) -> Any:
+    return value

@@ -1,11 +1,18 @@
-"""The rank pool: W long-lived ranks with a process group, driven one example at a time.
+"""The rank pool: W long-lived ranks with a process group, driven one call at a time.
 
 Spawning a process group costs seconds; a property test needs hundreds of examples. So each
-world size gets W worker processes (``python -m conformance.worker``) started once, each with
-an initialised process group (gloo on 127.0.0.1, or NCCL with one GPU per rank), and the
-driver (the pytest process) sends each example to them as an operation name from the table in
-``conformance.ops`` plus JSON arguments plus raw tensor bytes (``conformance.protocol``: no
-pickle anywhere). Each rank returns its outputs; the caller compares them with the reference.
+world size gets W worker processes (``python -m shardspec.testing.worker``) started once, each
+with an initialised process group (gloo on loopback, or NCCL with one GPU per rank), and the
+driver (the pytest process) sends each call to them over :mod:`.protocol` (JSON + raw bytes,
+no pickle anywhere):
+
+- :meth:`RankPool.run` runs a *named operation* (``"area.name"`` from the registry in
+  :mod:`.ops`, filled by the modules named in ``ops=``) with JSON arguments and tensors and
+  returns one :class:`RankResult` per rank;
+- :meth:`RankPool.call` runs a *rank function* named ``"module:function"`` (or given as a
+  module-level function, of which only the name travels) as ``function(rank, world, *args)``
+  with arguments and result carried by :mod:`.values`; :meth:`RankPool.call_all` returns each
+  rank's value or :class:`RankFailure` instead of raising.
 
 Failure handling, which is what makes the pool usable under Hypothesis:
 
@@ -13,25 +20,29 @@ Failure handling, which is what makes the pool usable under Hypothesis:
   traceback and the example, so Hypothesis shrinks it like any failure. Collective operations
   validate their inputs on every rank first and agree on the outcome with one small
   all-reduce, so one rank refusing its inputs never leaves the others inside a collective. A
-  rank that raises *inside* a collective may strand the others: the pool is restarted.
-- A rank dies or hangs: detected by end-of-stream or by the per-example timeout
+  rank that raises *inside* a collective may strand the others: they get ``error_grace``
+  seconds to answer, then the pool is restarted.
+- A rank dies or hangs: detected by end-of-stream or by the per-call timeout
   (``SHARDSPEC_POOL_TIMEOUT`` seconds, default 10); the pool is killed and restarted on the
-  next example, and :class:`RankCrash` is raised with the example. ``RankCrash`` derives from
+  next call, and :class:`RankCrash` is raised with the example. ``RankCrash`` derives from
   ``BaseException`` on purpose: Hypothesis does not shrink it (each shrink step would cost a
   timeout plus a restart), while pytest still reports it as that test's failure and goes on.
 - No orphans: workers run in their own process groups and are killed by group on teardown
   and at exit; each worker also asks the kernel to kill it when the driver dies
   (``PR_SET_PDEATHSIG``) and exits when its socket to the driver closes.
 
-Ports: the driver listens on 127.0.0.1 port 0 and hosts the process group's TCPStore on port 0,
-so concurrent pools (pytest-xdist workers, other users) never collide. A random token
-authenticates the workers that connect back.
+Loopback only: the driver listens on 127.0.0.1 port 0, binds the store's listening socket to
+127.0.0.1 itself and hands it to ``TCPStore`` (which, given a host name, listens on every
+interface), and the ranks' gloo pairs bind to the loopback device (``GLOO_SOCKET_IFNAME=lo``).
+Ports come from the OS, so concurrent pools never collide; a random token authenticates the
+workers that connect back.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import secrets
 import selectors
@@ -42,90 +53,29 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .devices import backend, default_timeout, device_type
+from .loopback import loopback_store
+from .ops import function_name
 from .protocol import decode_tensor, encode_tensor, recv_frame, send_frame
+from .values import decode_value, encode_value
 
 __all__ = [
     "PoolError",
     "RankCrash",
     "RankError",
+    "RankFailure",
     "RankPool",
     "RankResult",
-    "backend",
-    "default_timeout",
     "get_pool",
-    "launcher_rank",
-    "max_world_size",
-    "rank_device",
     "shutdown_pools",
-    "skip_reason",
 ]
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def backend() -> str:
-    """``nccl`` when asked for with ``SHARDSPEC_BACKEND=nccl``, else ``gloo``."""
-    return os.environ.get("SHARDSPEC_BACKEND", "gloo")
-
-
-def default_timeout() -> float:
-    return float(os.environ.get("SHARDSPEC_POOL_TIMEOUT", "10"))
-
-
-def _cuda_devices() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def max_world_size() -> int:
-    """The largest world size the suite uses (``SHARDSPEC_MAX_WORLD``, default 4; on NCCL at
-    most the number of GPUs)."""
-    w = int(os.environ.get("SHARDSPEC_MAX_WORLD", "4"))
-    if backend() == "nccl":
-        w = min(w, _cuda_devices())
-    return w
-
-
-def skip_reason(
-    world_size: int,
-    *,
-    backend_name: str | None = None,
-    device_count: int | None = None,
-    max_world: int | None = None,
-) -> str | None:
-    """Why a pool of ``world_size`` ranks cannot run here, or None when it can. NCCL needs one
-    GPU per rank (ranks never share a device); every backend stops at SHARDSPEC_MAX_WORLD."""
-    name = backend_name or backend()
-    if name == "nccl":
-        n = _cuda_devices() if device_count is None else device_count
-        if world_size > n:
-            return (
-                f"world size {world_size} needs {world_size} CUDA GPUs under "
-                f"SHARDSPEC_BACKEND=nccl (one per rank); this machine has {n}"
-            )
-    limit = int(os.environ.get("SHARDSPEC_MAX_WORLD", "4")) if max_world is None else max_world
-    if world_size > limit:
-        return f"world size {world_size} > SHARDSPEC_MAX_WORLD={limit}"
-    return None
-
-
-def rank_device(rank: int, backend_name: str) -> str:
-    """The device of pool rank ``rank``: ``cuda:<rank>`` under NCCL (one GPU per rank, which
-    :func:`skip_reason` guarantees exist), else ``cpu``."""
-    return f"cuda:{rank}" if backend_name == "nccl" else "cpu"
-
-
-def launcher_rank() -> int:
-    """This process's rank when a launcher (torchrun) started it, else 0. The suite's driver is
-    launcher rank 0; it starts its own pool of ranks, so other launcher ranks have nothing to
-    do."""
-    return int(os.environ.get("RANK", "0"))
 
 
 class PoolError(RuntimeError):
@@ -133,20 +83,41 @@ class PoolError(RuntimeError):
 
 
 class RankError(AssertionError):
-    """One or more ranks raised while running an example; carries their tracebacks."""
+    """One or more ranks raised; the message carries every failing rank's traceback and the
+    example, and :attr:`failures` each rank's :class:`RankFailure`."""
+
+    def __init__(self, message: str, failures: Sequence[RankFailure] = ()) -> None:
+        super().__init__(message)
+        self.failures = list(failures)
+
+    @property
+    def rank(self) -> int:
+        """The lowest rank that raised."""
+        return self.failures[0].rank if self.failures else -1
 
 
 class RankCrash(BaseException):
-    """A rank died or hung; the pool was torn down and restarts on the next example."""
+    """A rank died or hung; the pool was torn down and restarts on the next call."""
 
 
 @dataclass
 class RankResult:
-    """What one rank returned: a JSON value and tensors."""
+    """What one rank returned from a named operation: a JSON value and tensors."""
 
     rank: int
     value: Any
     tensors: list[torch.Tensor] = field(default_factory=list)
+
+
+@dataclass
+class RankFailure:
+    """What one rank raised: the exception's type name, message and traceback."""
+
+    rank: int
+    type_name: str
+    message: str
+    traceback: str
+    phase: str
 
 
 @dataclass
@@ -165,12 +136,29 @@ def _tail(path: Path, n: int = 15) -> str:
     return "\n".join(lines[-n:])
 
 
-class RankPool:
-    """``world_size`` ranks with a process group, reused for every example.
+def _failure(rank: int, reply: dict[str, Any]) -> RankFailure:
+    tb = str(reply.get("error", ""))
+    last = tb.strip().splitlines()[-1] if tb.strip() else ""
+    type_name, _, message = last.partition(": ")
+    return RankFailure(
+        rank,
+        str(reply.get("type", type_name)),
+        str(reply.get("message", message)),
+        tb,
+        str(reply.get("phase", "")),
+    )
 
-    ``run(op, args, tensors)`` sends the same arguments to every rank (``per_rank_tensors``
-    gives each rank its own tensors) and returns one :class:`RankResult` per rank, in rank
-    order. The pool starts on first use and restarts itself after a crash.
+
+class RankPool:
+    """``world_size`` ranks with a process group, reused for every call.
+
+    Options: ``timeout`` per call (default ``SHARDSPEC_POOL_TIMEOUT`` or 10 s); ``error_grace``
+    seconds the other ranks get to answer once one rank raised inside a collective (default
+    ``min(1, timeout)``); ``ops`` modules the ranks import to register named operations;
+    ``local_size`` sets ``LOCAL_WORLD_SIZE`` (ranks per host, e.g. for TorchRec's host-aware
+    sharding); ``env`` adds environment variables; ``backend_name`` / ``device`` override
+    ``SHARDSPEC_BACKEND`` / ``SHARDSPEC_DEVICE``. The pool starts on first use and restarts
+    itself after a crash.
     """
 
     def __init__(
@@ -179,14 +167,27 @@ class RankPool:
         *,
         timeout: float | None = None,
         startup_timeout: float = 180.0,
+        error_grace: float | None = None,
         backend_name: str | None = None,
+        device: str | None = None,
+        ops: Sequence[str] = (),
+        local_size: int | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if local_size is not None and not 1 <= local_size <= world_size:
+            raise ValueError(f"local_size must be in [1, {world_size}], got {local_size}")
         self.world_size = world_size
         self.timeout = default_timeout() if timeout is None else timeout
         self.startup_timeout = startup_timeout
+        self.error_grace = error_grace
         self.backend = backend_name or backend()
+        self.device = device or device_type(self.backend)
+        self.ops = tuple(ops)
+        self.env = dict(env or {})
+        if local_size is not None:
+            self.env["LOCAL_WORLD_SIZE"] = str(local_size)
         self.workers: list[_Worker] = []
         self.generation = 0  # how many times the pool has (re)started
         self.examples = 0
@@ -200,39 +201,46 @@ class RankPool:
     def running(self) -> bool:
         return bool(self.workers)
 
+    @property
+    def alive(self) -> bool:
+        """Whether every rank's process is running."""
+        return self.running and all(w.proc.poll() is None for w in self.workers)
+
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self.workers]
 
     def start(self) -> None:
         if self.running:
             return
-        import torch.distributed as dist
-
         deadline = time.monotonic() + self.startup_timeout
         token = secrets.token_hex(16)
         self._logdir = tempfile.TemporaryDirectory(prefix=f"shardspec-pool-w{self.world_size}-")
         self._listener = socket.create_server(("127.0.0.1", 0), backlog=self.world_size)
         port = self._listener.getsockname()[1]
-        store_host = "127.0.0.1"
-        self._store = dist.TCPStore(store_host, 0, None, True, wait_for_workers=False)
+        self._store = loopback_store()
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+        env.update(self.env)
         env.update(
             SHARDSPEC_POOL_ADDR=f"127.0.0.1:{port}",
             SHARDSPEC_POOL_TOKEN=token,
-            SHARDSPEC_POOL_STORE=f"{store_host}:{self._store.port}",
+            SHARDSPEC_POOL_STORE=f"127.0.0.1:{self._store.port}",
             SHARDSPEC_POOL_WORLD=str(self.world_size),
             SHARDSPEC_POOL_BACKEND=self.backend,
+            SHARDSPEC_POOL_DEVICE=self.device,
+            SHARDSPEC_POOL_OPS=",".join(self.ops),
+            SHARDSPEC_POOL_SYSPATH=json.dumps([p for p in sys.path if p]),
+            GLOO_SOCKET_IFNAME="lo",
             OMP_NUM_THREADS="1",
         )
+        cwd = os.getcwd()
         try:
             for rank in range(self.world_size):
                 log = Path(self._logdir.name) / f"rank{rank}.log"
                 with open(log, "wb") as fh:
                     proc = subprocess.Popen(
-                        [sys.executable, "-m", "conformance.worker"],
+                        [sys.executable, "-m", "shardspec.testing.worker"],
                         env={**env, "SHARDSPEC_POOL_RANK": str(rank)},
-                        cwd=str(ROOT),
+                        cwd=cwd,
                         stdin=subprocess.DEVNULL,
                         stdout=fh,
                         stderr=subprocess.STDOUT,
@@ -247,8 +255,10 @@ class RankPool:
         except BaseException as e:
             logs = self._logs()
             self._kill()
-            if isinstance(e, PoolError | RankCrash):
-                raise PoolError(f"{e}\n{logs}") from None
+            if isinstance(e, PoolError | RankCrash | TimeoutError | EOFError | OSError):
+                raise PoolError(
+                    f"a pool of {self.world_size} did not start: {e!r}\n{logs}"
+                ) from None
             raise
         self.generation += 1
 
@@ -352,11 +362,11 @@ class RankPool:
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError
+                    raise TimeoutError(f"no answer during {what}")
                 if sel.select(min(left, 0.25)):
                     break
                 if w.proc.poll() is not None:
-                    raise EOFError
+                    raise EOFError(f"rank {w.rank} exited during {what}")
         finally:
             sel.close()
         w.sock.settimeout(max(deadline - time.monotonic(), 0.05))
@@ -375,29 +385,106 @@ class RankPool:
         example: str | None = None,
         timeout: float | None = None,
     ) -> list[RankResult]:
-        """Run ``op`` on every rank; return each rank's result, in rank order.
-
-        ``example`` describes the example in failure messages (default: op and args).
-        """
+        """Run the named operation ``op`` on every rank; return each rank's result, in rank
+        order. ``example`` describes the example in failure messages (default: op and args)."""
         args = dict(args or {})
         desc = example if example is not None else f"{op}({args})"
-        if not self.running:
-            self.start()
-        self.examples += 1
-        timeout = self.timeout if timeout is None else timeout
         if per_rank_tensors is not None and len(per_rank_tensors) != self.world_size:
             raise ValueError(
                 f"per_rank_tensors has {len(per_rank_tensors)} entries for {self.world_size} ranks"
             )
         frames = []
-        for w in self.workers:
-            ts = per_rank_tensors[w.rank] if per_rank_tensors is not None else tensors
+        for rank in range(self.world_size):
+            ts = per_rank_tensors[rank] if per_rank_tensors is not None else tensors
             descs, bufs = [], []
             for t in ts:
                 d, b = encode_tensor(t)
                 descs.append(d)
                 bufs.append(b)
             frames.append(({"kind": "run", "op": op, "args": args, "tensors": descs}, bufs))
+        replies, outs = self._dispatch(frames, desc, timeout)
+        errors = {r: h for r, h in replies.items() if not h.get("ok")}
+        if errors:
+            raise RankError(
+                self._error_message(op, desc, errors, replies),
+                [_failure(r, h) for r, h in sorted(errors.items()) if not h.get("aborted")],
+            )
+        return [
+            RankResult(
+                r,
+                replies[r].get("value"),
+                [decode_tensor(d, b) for d, b in zip(replies[r].get("tensors", []), outs[r])],
+            )
+            for r in range(self.world_size)
+        ]
+
+    def call(
+        self,
+        fn: Callable[..., Any] | str,
+        *args: Any,
+        per_rank: Sequence[Sequence[Any]] | None = None,
+        timeout: float | None = None,
+    ) -> list[Any]:
+        """``fn(rank, world, *per_rank[rank], *args)`` on every rank; the results by rank.
+        Raises :class:`RankError` naming every rank that raised."""
+        answers = self.call_all(fn, *args, per_rank=per_rank, timeout=timeout)
+        failures = [a for a in answers if isinstance(a, RankFailure)]
+        if failures:
+            name = function_name(fn)
+            lines = [f"{len(failures)} of {self.world_size} rank(s) raised in {name}"]
+            for f in failures:
+                lines.append(f"--- rank {f.rank} raised {f.type_name}: {f.message}\n{f.traceback}")
+            raise RankError("\n".join(lines), failures)
+        return answers
+
+    def call_all(
+        self,
+        fn: Callable[..., Any] | str,
+        *args: Any,
+        per_rank: Sequence[Sequence[Any]] | None = None,
+        timeout: float | None = None,
+    ) -> list[Any]:
+        """Like :meth:`call`, but returns each rank's value or :class:`RankFailure`, for tests
+        that expect ranks to raise."""
+        name = function_name(fn)
+        if per_rank is not None and len(per_rank) != self.world_size:
+            raise ValueError(f"per_rank has {len(per_rank)} entries for {self.world_size} ranks")
+        frames = []
+        for rank in range(self.world_size):
+            bufs: list[bytes] = []
+            full = (*per_rank[rank], *args) if per_rank is not None else args
+            tree = encode_value(list(full), bufs, f"the arguments of {name}")
+            frames.append(({"kind": "call", "fn": name, "args": tree}, bufs))
+        replies, outs = self._dispatch(frames, name, timeout)
+        stuck = sorted(set(range(self.world_size)) - set(replies))
+        if stuck:
+            failed = {r: h for r, h in replies.items() if not h.get("ok")}
+            raise RankError(
+                self._error_message(name, name, failed, replies) + "\n(the pool was restarted)",
+                [_failure(r, h) for r, h in sorted(failed.items())],
+            )
+        return [
+            decode_value(replies[r].get("value"), outs[r])
+            if replies[r].get("ok")
+            else _failure(r, replies[r])
+            for r in range(self.world_size)
+        ]
+
+    def _dispatch(
+        self,
+        frames: list[tuple[dict[str, Any], list[bytes]]],
+        desc: str,
+        timeout: float | None,
+    ) -> tuple[dict[int, dict[str, Any]], dict[int, list[bytearray]]]:
+        """Send each rank its frame and gather the replies. A dead or silent rank is a
+        :class:`RankCrash`; when a rank raised inside a collective and others stay silent
+        past the grace period, the replies so far come back (without theirs) and the pool is
+        killed, to restart on the next call."""
+        if not self.running:
+            self.start()
+        self.examples += 1
+        timeout = self.timeout if timeout is None else timeout
+        grace = min(1.0, timeout) if self.error_grace is None else self.error_grace
         deadline = time.monotonic() + timeout
         try:
             for w, (header, bufs) in zip(self.workers, frames):
@@ -407,19 +494,17 @@ class RankPool:
             self._crash(f"sending to a rank failed ({e})", desc, [])
 
         replies: dict[int, dict[str, Any]] = {}
-        outs: dict[int, list[torch.Tensor]] = {}
+        outs: dict[int, list[bytearray]] = {}
         sel = selectors.DefaultSelector()
-        by_fd = {}
         for w in self.workers:
             assert w.sock is not None
             sel.register(w.sock, selectors.EVENT_READ, w)
-            by_fd[w.rank] = w
         failed_in_collective = False
         try:
             while len(replies) < self.world_size:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    missing = sorted(set(by_fd) - set(replies))
+                    missing = sorted(set(range(self.world_size)) - set(replies))
                     if failed_in_collective:
                         break  # a rank raised and left the others stuck: report the raise
                     self._crash(
@@ -443,9 +528,9 @@ class RankPool:
                 for key, _ in events:
                     w = key.data
                     try:
-                        # readable already: read the frame, bounded by the example's deadline
+                        # readable already: read the frame, bounded by the call's deadline
                         w.sock.settimeout(max(deadline - time.monotonic(), 0.05))
-                        header, bufs = recv_frame(w.sock)
+                        header, got = recv_frame(w.sock)
                         w.sock.settimeout(None)
                     except TimeoutError:
                         raise
@@ -459,39 +544,39 @@ class RankPool:
                         )
                     sel.unregister(w.sock)
                     replies[w.rank] = header
-                    outs[w.rank] = [
-                        decode_tensor(d, b) for d, b in zip(header.get("tensors", []), bufs)
-                    ]
-                    if not header.get("ok") and header.get("phase") == "collective":
+                    outs[w.rank] = got
+                    if not header.get("ok") and header.get("phase") in ("collective", "call"):
                         failed_in_collective = True
                         # The others may be stuck in the collective this rank left: give them
                         # a moment to fail too, then restart rather than wait for the timeout.
-                        deadline = min(deadline, time.monotonic() + min(1.0, timeout))
+                        deadline = min(deadline, time.monotonic() + grace)
         except TimeoutError:
-            missing = sorted(set(by_fd) - set(replies))
+            missing = sorted(set(range(self.world_size)) - set(replies))
             self._crash(f"rank(s) {missing} stopped mid-answer", desc, missing, replies)
         finally:
             sel.close()
-        errors = {r: h for r, h in replies.items() if not h.get("ok")}
-        if errors:
-            stuck = sorted(set(by_fd) - set(replies))
-            # Every rank raising alike (a deterministic error after the collectives, say)
-            # leaves the group consistent; some ranks stuck or done while others raised may
-            # leave data in flight, so the pool restarts then.
-            failed_in_collective = failed_in_collective and (
-                bool(stuck) or len(errors) < self.world_size
-            )
-            if failed_in_collective:
-                self._kill()  # the process group may be broken; restart on the next example
-            message = self._error_message(op, desc, errors)
-            if stuck:
-                message += f"\nranks {stuck} were left waiting in the collective"
-            if failed_in_collective:
-                message += "\n(the pool was restarted: a rank left a collective half-done)"
-            raise RankError(message)
-        return [RankResult(r, replies[r].get("value"), outs[r]) for r in range(self.world_size)]
+        errors = [r for r, h in replies.items() if not h.get("ok")]
+        stuck = len(replies) < self.world_size
+        # Every rank raising alike (a deterministic error after the collectives, say) leaves
+        # the group consistent; a named collective with some ranks done while others raised
+        # may leave data in flight, and ranks stuck always do: the pool restarts then.
+        named_split = (
+            any(h.get("phase") == "collective" for h in replies.values())
+            and len(errors) < self.world_size
+        )
+        if failed_in_collective and (stuck or named_split):
+            self._kill()
+            for h in replies.values():
+                h["restarted"] = True
+        return replies, outs
 
-    def _error_message(self, op: str, desc: str, errors: dict[int, dict[str, Any]]) -> str:
+    def _error_message(
+        self,
+        op: str,
+        desc: str,
+        errors: dict[int, dict[str, Any]],
+        replies: dict[int, dict[str, Any]],
+    ) -> str:
         raised = {r: h for r, h in errors.items() if not h.get("aborted")}
         lines = [f"{len(raised)} of {self.world_size} rank(s) raised in {op!r} [{desc}]"]
         for r, h in sorted(raised.items()):
@@ -499,6 +584,11 @@ class RankPool:
         aborted = sorted(set(errors) - set(raised))
         if aborted:
             lines.append(f"ranks {aborted} stopped before the collective because of the above")
+        stuck = sorted(set(range(self.world_size)) - set(replies))
+        if stuck:
+            lines.append(f"ranks {stuck} were left waiting in the collective")
+        if any(h.get("restarted") for h in replies.values()):
+            lines.append("(the pool was restarted: a rank left a collective half-done)")
         return "\n".join(lines)
 
     def _crash(
@@ -520,19 +610,21 @@ class RankPool:
         self._kill()
         raise RankCrash(
             f"{what} in a pool of {self.world_size} [{desc}]; the pool was torn down and "
-            f"restarts on the next example{others}" + (f"\n{logs}" if logs else "")
+            f"restarts on the next call{others}" + (f"\n{logs}" if logs else "")
         )
 
 
 _LIVE: weakref.WeakSet[RankPool] = weakref.WeakSet()
-_POOLS: dict[int, RankPool] = {}
+_POOLS: dict[tuple[Any, ...], RankPool] = {}
 
 
-def get_pool(world_size: int) -> RankPool:
-    """The process-wide pool of ``world_size`` ranks (started on first use)."""
-    pool = _POOLS.get(world_size)
+def get_pool(world_size: int, **options: Any) -> RankPool:
+    """The process-wide pool of ``world_size`` ranks with these :class:`RankPool` options
+    (started on first use, shut down at exit or by :func:`shutdown_pools`)."""
+    key = (world_size, json.dumps(options, sort_keys=True, default=str))
+    pool = _POOLS.get(key)
     if pool is None:
-        pool = _POOLS[world_size] = RankPool(world_size)
+        pool = _POOLS[key] = RankPool(world_size, **options)
     return pool
 
 

@@ -1,4 +1,4 @@
-"""The pool's wire format: length-prefixed JSON header + raw tensor bytes. Nothing is pickled.
+"""The rank runtime's wire format: length-prefixed JSON header + raw tensor bytes, no pickle.
 
 A frame is ``MAGIC (4 bytes) | header length (u32) | header (UTF-8 JSON object) | buffers``.
 The header lists the byte length of each buffer under ``"_buffers"``; the buffers follow the
@@ -13,6 +13,7 @@ import json
 import math
 import socket
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ __all__ = [
     "DTYPES",
     "ProtocolError",
     "decode_tensor",
+    "dtype_name",
     "encode_tensor",
     "recv_frame",
     "send_frame",
@@ -32,18 +34,15 @@ _PREFIX = struct.Struct("!4sI")
 MAX_HEADER = 64 << 20
 MAX_BUFFER = 4 << 30
 
+# Every dtype whose elements are plain bytes, by torch's own name; names this torch lacks are
+# left out (float8 kinds came and went between releases).
+_DTYPE_NAMES = (
+    *("float32", "float64", "float16", "bfloat16", "bool", "complex32", "complex64", "complex128"),
+    *("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"),
+    *("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu"),
+)
 DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int8": torch.int8,
-    "int16": torch.int16,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
-    "complex64": torch.complex64,
+    n: getattr(torch, n) for n in _DTYPE_NAMES if isinstance(getattr(torch, n, None), torch.dtype)
 }
 _NAMES = {v: k for k, v in DTYPES.items()}
 
@@ -92,7 +91,9 @@ def decode_tensor(desc: Any, data: bytes | bytearray | memoryview) -> torch.Tens
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
 
 
-def send_frame(sock: socket.socket, header: dict[str, Any], buffers: list[bytes] = ()) -> None:  # type: ignore[assignment]
+def send_frame(
+    sock: socket.socket, header: dict[str, Any], buffers: Sequence[bytes | bytearray] = ()
+) -> None:
     head = dict(header)
     head["_buffers"] = [len(b) for b in buffers]
     raw = json.dumps(head, separators=(",", ":")).encode()

@@ -32,7 +32,21 @@ from shardspec.testing.protocol import DTYPES
 
 from .codec import placements_to_json
 
-DTYPE_NAMES = tuple(DTYPES)
+# The dtypes the suite draws: every kind of element the spec talks about (the wire carries more,
+# float8 and unsigned kinds among them, which gloo's collectives do not all take).
+DTYPE_NAMES = (
+    "float32",
+    "float64",
+    "float16",
+    "bfloat16",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "bool",
+    "complex64",
+)
 
 
 def dtypes() -> st.SearchStrategy[torch.dtype]:
@@ -179,6 +193,29 @@ def mesh_shapes(*, max_world: int = 4, max_dims: int = 3) -> st.SearchStrategy[t
     return build()
 
 
+def world_sizes() -> st.SearchStrategy[int]:
+    """A world size of this run: 1 to SHARDSPEC_MAX_WORLD, or the simulated sizes
+    (SHARDSPEC_SIM_WORLDS, e.g. 8..1024) when set. Shrinks towards the smallest."""
+    from shardspec.testing.devices import world_sizes as sizes
+
+    return st.sampled_from(sizes())
+
+
+@st.composite
+def factorizations(draw: st.DrawFn, world: int, max_dims: int = 4) -> tuple[int, ...]:
+    """A mesh shape of exactly ``world`` devices, 1-D to ``max_dims``-D, size-1 dims
+    included (HSDP x TP x ... meshes of a large world)."""
+    nd = draw(st.integers(1, max_dims))
+    out: list[int] = []
+    left = world
+    for _ in range(nd - 1):
+        k = draw(st.sampled_from([d for d in range(1, left + 1) if left % d == 0]))
+        out.append(k)
+        left //= k
+    out.append(left)
+    return tuple(draw(st.permutations(out)))
+
+
 @st.composite
 def placement_lists(draw: st.DrawFn, ndim: int, mesh_ndim: int) -> list[Any]:
     """JSON placements (``["S", d]``, ``["R"]``, ``["SS", d, f]``), drawn with the shared
@@ -195,8 +232,13 @@ def dtensor_pool_cases(
     """``(shape, mesh shape, JSON placements)`` for a mesh of the pool's ranks in row-major
     order: 0-d to 4-d shapes with zero-size dims, meshes up to 3-D, nested and strided
     shards, more ranks than rows."""
+    from shardspec.testing.devices import simulated_worlds
+
     shp = draw(shapes(max_dims=4, max_side=6))
-    mesh = draw(mesh_shapes(max_world=max_world))
+    if simulated_worlds():  # a mesh of exactly one simulated world, up to 4-D
+        mesh = draw(factorizations(draw(world_sizes())))
+    else:
+        mesh = draw(mesh_shapes(max_world=max_world))
     placements = draw(placement_lists(len(shp), len(mesh)))
     if not strided:
         placements = [p if p[0] != "SS" else ["S", p[1]] for p in placements]
@@ -211,6 +253,7 @@ __all__ = [
     "chunk_layouts",
     "dtensor_pool_cases",
     "dtypes",
+    "factorizations",
     "grid_layouts",
     "guillotine_layouts",
     "layouts_with_buried_empty_shard",
@@ -224,6 +267,7 @@ __all__ = [
     "uneven_chunk_args",
     "valid_layouts",
     "with_replicas",
+    "world_sizes",
 ]
 
 

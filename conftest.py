@@ -18,6 +18,14 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+# Simulated worlds of up to 1024 ranks (`nox -s conformance_scale`) cost seconds per example.
+settings.register_profile(
+    "scale",
+    max_examples=int(os.environ.get("SHARDSPEC_SCALE_EXAMPLES", "12")),
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=list(HealthCheck),
+)
 # CI runs derandomized so that a red run is reproducible and never a coin toss.
 settings.register_profile("ci", parent=settings.get_profile("default"), derandomize=True)
 settings.load_profile(

@@ -101,6 +101,24 @@ def conformance(session: nox.Session) -> None:
     run_pytest(session, "conformance/tests", *rest)
 
 
+# World sizes `conformance_scale` simulates, and the areas it runs there (dtensor: meshes of
+# exactly W devices up to 4-D; reshard: layouts over W ranks, more ranks than rows).
+SCALE_WORLDS = "8,64,512,1024"
+SCALE_AREAS = ("conformance/tests/test_reshard.py", "conformance/tests/test_dtensor.py")
+
+
+@nox.session
+def conformance_scale(session: nox.Session) -> None:
+    """The reshard and dtensor areas on simulated worlds of 8 to 1024 ranks (threads on
+    torch's threaded process group), against shardspec and against torch."""
+    rest = install_stack(session)
+    session.env["SHARDSPEC_SIM_WORLDS"] = os.environ.get("SHARDSPEC_SIM_WORLDS", SCALE_WORLDS)
+    session.env["HYPOTHESIS_PROFILE"] = "scale"
+    for impl in ("shardspec", "torch"):
+        session.env["SHARDSPEC_IMPL"] = impl
+        run_pytest(session, *SCALE_AREAS, "-p", "no:cacheprovider", *rest)
+
+
 @nox.session
 def conformance_upstream(session: nox.Session) -> None:
     """The conformance suite against upstream torch; writes conformance-report.{md,json}."""

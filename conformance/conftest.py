@@ -125,7 +125,16 @@ def pools() -> Iterator[Callable[[int], Any]]:
     if backend() == "nccl" and max_world_size() < 2:
         pytest.skip("SHARDSPEC_BACKEND=nccl needs at least 2 CUDA GPUs; this machine has fewer")
 
+    from shardspec.testing.devices import simulated_worlds
+    from shardspec.testing.simulated import get_simulated_pool, shutdown_simulated
+
+    simulated = simulated_worlds()
+
     def get(world_size: int) -> Any:
+        from conformance import OPS
+
+        if world_size in simulated:
+            return get_simulated_pool(world_size, ops=OPS)
         reason = skip_reason(world_size)
         if reason is not None:
             pytest.skip(reason)
@@ -135,3 +144,4 @@ def pools() -> Iterator[Callable[[int], Any]]:
 
     yield get
     shutdown_pools()
+    shutdown_simulated()

@@ -14,8 +14,16 @@ from conformance import reference
 from conformance.assertions import assert_equal, assert_tensor_bitwise, describe_layout
 from conformance.cases import case
 from conformance.impls import Impl
-from conformance.strategies import dtypes, shapes, tensors, valid_layouts, with_replicas
+from conformance.strategies import (
+    dtypes,
+    shapes,
+    tensors,
+    valid_layouts,
+    with_replicas,
+    world_sizes,
+)
 from shardspec.metadata import Layout, chunk_layout
+from shardspec.testing.devices import simulated_worlds
 
 
 @st.composite
@@ -33,7 +41,7 @@ def layouts_on(draw: st.DrawFn, shape: tuple[int, ...], world: int) -> Layout:
 
 @st.composite
 def reshard_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
-    world = draw(st.integers(1, max_world), label="world")
+    world = draw(world_sizes() if simulated_worlds() else st.integers(1, max_world), label="world")
     shape = draw(shapes(max_dims=3, max_side=6), label="shape")
     return {
         "world": world,

@@ -59,3 +59,19 @@ def unsendable(rank: int, world: int) -> Any:
 
 def round_trip(rank: int, world: int, value: Any) -> Any:
     return value
+
+
+def uneven_all_to_all(rank: int, world: int) -> list[float]:
+    # rank r sends (r + d) % 3 elements to rank d, valued 1000 r + d
+    send = [(rank + d) % 3 for d in range(world)]
+    recv = [(s + rank) % 3 for s in range(world)]
+    src = torch.cat([torch.full((n,), 1000.0 * rank + d) for d, n in enumerate(send)])
+    out = torch.empty(sum(recv))
+    dist.all_to_all_single(out, src, recv, send)
+    return out.tolist()
+
+
+def hang_on(rank: int, world: int, bad: int) -> int:
+    if rank == bad:
+        dist.barrier()  # the others never join: stuck in the collective
+    return rank

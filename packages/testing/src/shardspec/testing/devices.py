@@ -21,7 +21,9 @@ __all__ = [
     "launcher_rank",
     "max_world_size",
     "rank_device",
+    "simulated_worlds",
     "skip_reason",
+    "world_sizes",
 ]
 
 
@@ -90,6 +92,27 @@ def rank_device(rank: int, backend_name: str, device: str | None = None) -> str:
     if (device or device_type(backend_name)) == "cuda":
         return f"cuda:{rank % max(cuda_devices(), 1)}"
     return "cpu"
+
+
+def simulated_worlds() -> list[int]:
+    """The world sizes to simulate in this process (``SHARDSPEC_SIM_WORLDS``, e.g.
+    ``8,64,512,1024``; none by default)."""
+    raw = os.environ.get("SHARDSPEC_SIM_WORLDS", "")
+    try:
+        sizes = sorted({int(x) for x in raw.split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(
+            f"SHARDSPEC_SIM_WORLDS must be comma-separated integers, got {raw!r}"
+        ) from None
+    if any(w < 1 for w in sizes):
+        raise ValueError(f"SHARDSPEC_SIM_WORLDS sizes must be >= 1, got {raw!r}")
+    return sizes
+
+
+def world_sizes() -> list[int]:
+    """The world sizes tests draw from: the simulated ones when ``SHARDSPEC_SIM_WORLDS`` is
+    set, else 1 to :func:`max_world_size`."""
+    return simulated_worlds() or list(range(1, max(1, max_world_size()) + 1))
 
 
 def launcher_rank() -> int:

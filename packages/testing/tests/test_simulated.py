@@ -1,0 +1,56 @@
+"""Simulated worlds: W threads on torch's threaded process group run rank functions and named
+operations as the process pool does, at world sizes a 2-core machine cannot start processes
+for (rank numbers above 255 included), with the same failure handling."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from testing_pool_cases import all_reduce_rank, hang_on, raise_on, uneven_all_to_all
+
+from shardspec.testing import RankCrash, RankError
+from shardspec.testing.simulated import SimulatedPool
+
+
+@pytest.mark.rule("CONF-10")
+def test_a_world_of_300_ranks_has_a_real_group_and_rank_numbers_above_255() -> None:
+    pool = SimulatedPool(300, timeout=120)
+    try:
+        got = pool.call(all_reduce_rank)
+        assert [g[0] for g in got] == list(range(300))
+        assert {g[2] for g in got} == {float(sum(range(300)))}
+    finally:
+        pool.close()
+
+
+@pytest.mark.rule("CONF-10")
+def test_uneven_all_to_all_single_lands_every_element() -> None:
+    world = 9
+    pool = SimulatedPool(world, timeout=120)
+    try:
+        got = pool.call(uneven_all_to_all)
+    finally:
+        pool.close()
+    for dst in range(world):
+        want = [1000.0 * s + dst for s in range(world) for _ in range((s + dst) % 3)]
+        assert got[dst] == want, f"rank {dst}"
+
+
+@pytest.mark.rule("CONF-2", "CONF-3", "CONF-10")
+def test_a_raising_or_hanging_rank_fails_the_call_and_the_world_comes_back() -> None:
+    pool = SimulatedPool(16, timeout=5, error_grace=1)
+    try:
+        with pytest.raises(RankError, match="rank 3 raised ValueError: bad rank 3"):
+            pool.call(raise_on, 3, False)
+        t0 = time.monotonic()
+        with pytest.raises(
+            RankCrash, match=r"rank\(s\) \[5\] of a simulated world of 16 did not answer within 2 s"
+        ):
+            pool.call(hang_on, 5, timeout=2)
+        assert time.monotonic() - t0 < 2 + 10
+        generation = pool.generation
+        assert [g[0] for g in pool.call(all_reduce_rank)] == list(range(16))
+        assert pool.generation == generation + 1
+    finally:
+        pool.close()

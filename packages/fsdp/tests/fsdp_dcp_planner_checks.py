@@ -9,9 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from fsdp_world_checks import LINEARS, _check_dtensor_entries, _local, make_model, tp_plan
 
 from shardspec.reshard.reference import same_bits
+from shardspec.testing.fsdp_model import (
+    LINEARS,
+    check_dtensor_entries as _check_dtensor_entries,
+    local_of as _local,
+    make_model,
+    tp_plan,
+)
 
 
 def _dims(kind: str, world: int) -> tuple[int, int]:

@@ -7,7 +7,6 @@ boxes FSDP-1 gives each rank."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from fsdp_dcp_planner_checks import load_model, save_model
 from fsdp_world_checks import _truth_layout, make_model
 
 from shardspec.metadata.cli import main
-from shardspec.reshard.testing import RankPool
+from shardspec.testing import RankPool, get_pool
 
 # saved with (world, kind) -> loaded with (world, kind)
 LOADS = {
@@ -26,12 +25,10 @@ LOADS = {
 }
 
 
-@pytest.fixture(scope="module")
-def pools() -> Iterator[dict[int, RankPool]]:
-    ps = {4: RankPool(4, timeout=300), 2: RankPool(2, timeout=300)}
-    yield ps
-    for p in ps.values():
-        p.close()
+@pytest.fixture
+def pools() -> dict[int, RankPool]:
+    # the session's pools of 4 and 2 ranks
+    return {w: get_pool(w, timeout=300) for w in (4, 2)}
 
 
 @pytest.mark.rule("CKPT-3")
@@ -39,9 +36,9 @@ def pools() -> Iterator[dict[int, RankPool]]:
 def test_fsdp_checkpoint_loads_like_the_default_planner(
     pools: dict[int, RankPool], tmp_path: Path, saved_on: int, kind: str
 ) -> None:
-    pools[saved_on].run(save_model, str(tmp_path), kind)
+    pools[saved_on].call(save_model, str(tmp_path), kind)
     for world, target in LOADS[(saved_on, kind)]:
-        reports = pools[world].run(load_model, str(tmp_path), target)
+        reports = pools[world].call(load_model, str(tmp_path), target)
         for r, rep in enumerate(reports):
             where = f"{kind} on {saved_on} -> {target} on {world}, rank {r}"
             assert not rep["ours"], (where, rep["ours"])
@@ -55,7 +52,7 @@ def test_fsdp_checkpoint_loads_like_the_default_planner(
 def test_inspect_reads_fsdp_tp_checkpoints(
     pools: dict[int, RankPool], tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
 ) -> None:
-    pools[4].run(save_model, str(tmp_path), kind)
+    pools[4].call(save_model, str(tmp_path), kind)
     assert main(["inspect", str(tmp_path), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     ref = make_model(0).state_dict()

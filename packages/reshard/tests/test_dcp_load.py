@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import pickle
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +17,15 @@ from dcp_load_cases import load, load_expecting_error, save
 
 from shardspec.metadata import Box, Layout, Shard, chunk_layout
 from shardspec.metadata.cli import main
-from shardspec.reshard.testing import RankPool
+from shardspec.testing import RankPool, get_pool
 
 torch = pytest.importorskip("torch")
 
 
-@pytest.fixture(scope="module")
-def pools() -> Iterator[dict[int, RankPool]]:
-    ps = {4: RankPool(4, timeout=180), 2: RankPool(2, timeout=180)}
-    yield ps
-    for p in ps.values():
-        p.close()
+@pytest.fixture
+def pools() -> dict[int, RankPool]:
+    # the session's pools of 4 and 2 ranks
+    return {w: get_pool(w, timeout=180) for w in (4, 2)}
 
 
 def grid(shape: tuple[int, int], rows: int, cols: int, ranks: list[int]) -> Layout:
@@ -128,7 +125,7 @@ def entries(table: list[Any], col: int) -> list[Any]:
 
 def check_load(pool: RankPool, path: Path, ents: list[Any]) -> None:
     for planner in ("ours", "default"):
-        results = pool.run(load, str(path), ents, planner)
+        results = pool.call(load, str(path), ents, planner)
         failures = [f for r in results for f in r["failures"]]
         assert not failures, failures
         # Every element of every tensor landed somewhere: the loads were not vacuous.
@@ -142,7 +139,7 @@ def check_load(pool: RankPool, path: Path, ents: list[Any]) -> None:
 def test_saved_on_4_loaded_on_2_and_4(
     pools: dict[int, RankPool], tmp_path: Path, ours_save: bool
 ) -> None:
-    pools[4].run(save, str(tmp_path), entries(ON_4, 1), ours_save)
+    pools[4].call(save, str(tmp_path), entries(ON_4, 1), ours_save)
     check_load(pools[2], tmp_path, entries(ON_4, 2))
     check_load(pools[4], tmp_path, entries(ON_4, 3))
 
@@ -151,7 +148,7 @@ def test_saved_on_4_loaded_on_2_and_4(
 def test_inspect_reads_a_checkpoint_written_on_4_ranks(
     pools: dict[int, RankPool], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pools[4].run(save, str(tmp_path), entries(ON_4, 1), True)
+    pools[4].call(save, str(tmp_path), entries(ON_4, 1), True)
     assert main(["inspect", str(tmp_path), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] is True
@@ -174,7 +171,7 @@ def test_inspect_reads_a_checkpoint_written_on_4_ranks(
 
 @pytest.mark.rule("CKPT-3")
 def test_saved_on_2_loaded_on_4(pools: dict[int, RankPool], tmp_path: Path) -> None:
-    pools[2].run(save, str(tmp_path), entries(ON_2, 1), True)
+    pools[2].call(save, str(tmp_path), entries(ON_2, 1), True)
     check_load(pools[4], tmp_path, entries(ON_2, 2))
     check_load(pools[2], tmp_path, entries(ON_2, 1))
 
@@ -193,9 +190,9 @@ def test_a_checkpoint_with_a_chunk_removed_is_refused_on_every_rank(
     pools: dict[int, RankPool], tmp_path: Path
 ) -> None:
     ents = entries(ON_4, 1)[:2]
-    pools[4].run(save, str(tmp_path), ents, True)
+    pools[4].call(save, str(tmp_path), ents, True)
     damage(tmp_path, "dt.rows", 2)  # rows [6, 9) of 10
-    answers = pools[2].run(load_expecting_error, str(tmp_path), entries(ON_4, 2)[:2])
+    answers = pools[2].call(load_expecting_error, str(tmp_path), entries(ON_4, 2)[:2])
     for a in answers:
         assert "'dt.rows'" in a and "gap" in a and "(6, 0)" in a, a
         assert "untouched=True" in a, a
@@ -205,7 +202,7 @@ def test_a_checkpoint_with_a_chunk_removed_is_refused_on_every_rank(
 def test_inspect_flags_a_checkpoint_with_a_chunk_removed(
     pools: dict[int, RankPool], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pools[4].run(save, str(tmp_path), entries(ON_4, 1)[:2], True)
+    pools[4].call(save, str(tmp_path), entries(ON_4, 1)[:2], True)
     damage(tmp_path, "dt.rows", 2)
     assert main(["inspect", str(tmp_path)]) == 1
     out = capsys.readouterr().out

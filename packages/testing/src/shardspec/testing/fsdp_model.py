@@ -69,7 +69,8 @@ def expected_box(name: str, shape: tuple[int, ...], rank: int, dp: int, tp: int)
     return box
 
 
-def _local(v: Any) -> torch.Tensor:
+def local_of(v: Any) -> torch.Tensor:
+    """A DTensor's local tensor, or the tensor itself."""
     from torch.distributed.tensor import DTensor
 
     return v.to_local() if isinstance(v, DTensor) else v

@@ -17,8 +17,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from hypothesis import strategies as st
+
 from shardspec.metadata import Box, Layout
 from shardspec.metadata.dcp import to_chunk_list, to_tensor_storage_metadata
+from shardspec.metadata.strategies import (
+    chunk_layouts,
+    grid_layouts,
+    guillotine_layouts,
+    permuted,
+    with_replicas,
+)
 from shardspec.reshard import Piece, plan
 
 Triple = tuple[Box, tuple[int, int], Box]
@@ -86,3 +95,17 @@ def our_triples(src: Layout, dst: Layout, rank: int | None = None) -> set[Triple
     if rank is not None:
         pieces = tuple(p for p in pieces if p.dst_rank == rank)
     return piece_triples(src, pieces)
+
+
+@st.composite
+def layouts_of(draw: st.DrawFn, shape: tuple[int, ...]) -> Layout:
+    """The layouts both planners are compared on: chunkings, grids and guillotine cuts of
+    ``shape`` (grids only for 0-d), with or without replicas, in any shard order."""
+    fixed = st.just(shape)
+    options = [grid_layouts(fixed, max_ranks=5)]
+    if shape:
+        options += [chunk_layouts(fixed, max_ranks=5), guillotine_layouts(fixed, max_ranks=5)]
+    layout = draw(st.one_of(options))
+    if draw(st.booleans()):
+        layout = draw(with_replicas(layout))
+    return draw(permuted(layout))

@@ -9,19 +9,14 @@ from typing import Any
 
 import pytest
 from hypothesis import given, strategies as st
-from reshard_dcp_triples import read_item_triples
+from reshard_dcp_triples import layouts_of, read_item_triples
 from reshard_index_paths import indexed
 
 from shardspec.metadata import Box, Layout, Shard, chunk_layout
 from shardspec.metadata.checkpoint import ChunkError, check_chunks
 from shardspec.metadata.dcp import to_chunk_list, to_tensor_storage_metadata
 from shardspec.metadata.strategies import (
-    chunk_layouts,
-    grid_layouts,
-    guillotine_layouts,
-    permuted,
     shapes,
-    with_replicas,
 )
 from shardspec.reshard.dcp import read_items_for_chunks
 
@@ -34,18 +29,6 @@ from torch.distributed.checkpoint.metadata import (  # noqa: E402
 from torch.distributed.checkpoint.planner_helpers import (  # noqa: E402
     create_read_items_for_chunk_list,
 )
-
-
-@st.composite
-def layouts_of(draw: st.DrawFn, shape: tuple[int, ...]) -> Layout:
-    fixed = st.just(shape)
-    options = [grid_layouts(fixed, max_ranks=5)]
-    if shape:
-        options += [chunk_layouts(fixed, max_ranks=5), guillotine_layouts(fixed, max_ranks=5)]
-    layout = draw(st.one_of(options))
-    if draw(st.booleans()):
-        layout = draw(with_replicas(layout))
-    return draw(permuted(layout))
 
 
 def md_of(shape: tuple[int, ...], boxes: list[Box]) -> TensorStorageMetadata:

@@ -8,30 +8,13 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, strategies as st
-from reshard_dcp_triples import our_triples, upstream_triples
+from reshard_dcp_triples import layouts_of, our_triples, upstream_triples
 from reshard_index_paths import indexed
 
 from shardspec.metadata import Box, Layout, chunk_layout
 from shardspec.metadata.strategies import (
-    chunk_layouts,
-    grid_layouts,
-    guillotine_layouts,
-    permuted,
     shapes,
-    with_replicas,
 )
-
-
-@st.composite
-def layouts_of(draw: st.DrawFn, shape: tuple[int, ...]) -> Layout:
-    fixed = st.just(shape)
-    options = [grid_layouts(fixed, max_ranks=5)]
-    if shape:
-        options += [chunk_layouts(fixed, max_ranks=5), guillotine_layouts(fixed, max_ranks=5)]
-    layout = draw(st.one_of(options))
-    if draw(st.booleans()):
-        layout = draw(with_replicas(layout))
-    return draw(permuted(layout))
 
 
 @st.composite

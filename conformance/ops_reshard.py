@@ -60,6 +60,83 @@ def _reshard_shardspec(
     return None, out
 
 
+def _out_view(kind: str, sizes: tuple[int, ...], dtype: torch.dtype, pad: int) -> torch.Tensor:
+    """An out= tensor of ``sizes`` laid out as ``kind`` (strategies_streams.OUT_KINDS) in a
+    larger buffer filled with ones, so a write outside the view shows."""
+    numel = 1
+    for n in sizes:
+        numel *= n
+    if kind == "contiguous":
+        return torch.ones(sizes, dtype=dtype)
+    base = torch.ones(pad + 2 * numel + 1, dtype=dtype)
+    if kind == "offset":
+        return base[pad : pad + numel].view(sizes)
+    if kind == "strided":
+        strides = [2] * len(sizes)
+        for d in range(len(sizes) - 2, -1, -1):
+            strides[d] = strides[d + 1] * sizes[d + 1]
+        return base.as_strided(sizes, strides, pad)
+    return base[pad : pad + numel].view(sizes[::-1]).permute(*range(len(sizes) - 1, -1, -1))
+
+
+def _spilled(t: torch.Tensor) -> bool:
+    """Whether any element of ``t``'s buffer outside ``t`` itself differs from one."""
+    base = t._base if t._base is not None else t
+    flat = base.reshape(-1)
+    inside = torch.zeros(flat.numel(), dtype=torch.bool)
+    idx = torch.arange(flat.numel()).as_strided(t.shape, t.stride(), t.storage_offset())
+    inside[idx.reshape(-1)] = True
+    return bool((flat[~inside] != 1).any())
+
+
+def _state_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
+    need = sum(len(layout_from_json(e["src"]).boxes_of(ctx.rank)) for e in args["entries"])
+    if len(ts) != need:
+        raise ValueError(f"rank {ctx.rank} got {len(ts)} tensors for {need} source boxes")
+
+
+@operation("reshard.state_dict", collective=True, check=_state_check)
+def _reshard_state_dict(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
+    """``shardspec.reshard.reshard_state_dict`` over every entry at once, into out= views
+    when the entries name a kind. Returns, per entry, whether the returned tensors are the
+    out= tensors given and whether anything outside them was written, and the outputs."""
+    from shardspec.reshard import reshard_state_dict
+
+    state: dict[str, list[torch.Tensor]] = {}
+    src, dst, dtypes = {}, {}, {}
+    out: dict[str, list[torch.Tensor]] | None = None
+    pos = 0
+    for e in args["entries"]:
+        key = e["key"]
+        src[key], dst[key] = layout_from_json(e["src"]), layout_from_json(e["dst"])
+        dtypes[key] = getattr(torch, e["dtype"])
+        k = len(src[key].boxes_of(ctx.rank))
+        state[key] = ts[pos : pos + k]
+        pos += k
+        if e["out"] is not None:
+            out = out if out is not None else {}
+            out[key] = [
+                _out_view(e["out"], b.sizes, dtypes[key], e["pad"])
+                for b in dst[key].boxes_of(ctx.rank)
+            ]
+    # A rank with no source shard and no out= tensor of a key learns its dtype from the others.
+    result = reshard_state_dict(state, src, dst, max_buffer_bytes=args["budget"], out=out)
+    facts: dict[str, Any] = {"same": {}, "spilled": {}}
+    outs: list[torch.Tensor] = []
+    for e in args["entries"]:
+        key = e["key"]
+        got = result[key]
+        if out is not None:
+            facts["same"][key] = len(got) == len(out[key]) and all(
+                a is b for a, b in zip(got, out[key])
+            )
+            facts["spilled"][key] = any(_spilled(t) for t in out[key])
+        outs += [t.contiguous() for t in got]
+    return facts, outs
+
+
 @operation("reshard.torch_sharded", collective=True, check=_check)
 def _reshard_torch_sharded(
     ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]

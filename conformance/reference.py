@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from shardspec.metadata import Box, Layout
+from shardspec.metadata import Box, Layout, Shard
 
 __all__ = [
     "chunk_intervals",
@@ -24,6 +24,7 @@ __all__ = [
     "gather",
     "indices_of_boxes",
     "is_valid",
+    "layout_of_torch_spec",
     "mesh_coordinates",
 ]
 
@@ -135,3 +136,28 @@ def dtensor_empty_offsets(
         if not idx[d] and parent:
             empty_at[d] = parent[-1] + 1
     return [empty_at[d] if not idx[d] else None for d in range(len(shape))]
+
+
+def layout_of_torch_spec(spec: Any, shape: Sequence[int]) -> Layout:
+    """What a torch sharding spec says, read by hand (CONVERT-4): a ``ChunkShardingSpec`` is
+    chunk ``i`` of ``dim`` (the torch.chunk rule, empty chunks at n) on
+    ``placements[i].rank()``; an ``EnumerableShardingSpec`` is its ShardMetadata, in order."""
+    from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+
+    if not isinstance(spec, ChunkShardingSpec):
+        return Layout(
+            tuple(shape),
+            [
+                Shard(Box(md.shard_offsets, md.shard_sizes), md.placement.rank())
+                for md in spec.shards
+            ],
+        )
+    nd = len(shape)
+    dim = int(spec.dim) % nd
+    ranks = [p.rank() for p in spec.placements]
+    shards = []
+    for (start, stop), rank in zip(chunk_intervals(shape[dim], len(ranks)), ranks):
+        offs = [start if d == dim else 0 for d in range(nd)]
+        sizes = [stop - start if d == dim else shape[d] for d in range(nd)]
+        shards.append(Shard(Box(offs, sizes), rank))
+    return Layout(tuple(shape), shards)

@@ -84,6 +84,26 @@ class Impl:
         the implementation infers an enumerable spec."""
         raise self.unsupported("spec inference")
 
+    def inferred_layout(self, layout: Layout) -> Layout:
+        """The layout the spec inferred from ``layout`` gives for ``layout.shape`` (SPEC-3:
+        ``infer_spec(L).layout(L.shape)``), ranks included."""
+        raise self.unsupported("spec inference")
+
+    def sharding_spec(self, layout: Layout) -> Any:
+        """The torch sharding spec (``ChunkShardingSpec`` or ``EnumerableShardingSpec``) the
+        implementation converts ``layout`` to (CONVERT-3)."""
+        raise self.unsupported("torch sharding specs from a layout")
+
+    # the serialized form (CONVERT-8, CONVERT-9)
+    def layout_to_json(self, layout: Layout) -> str:
+        """The layout as the spec's versioned JSON text."""
+        raise self.unsupported("the serialized layout form")
+
+    def layout_from_json(self, text: str | bytes) -> Layout:
+        """The layout a JSON text holds; raises ``shardspec.metadata.LayoutError`` naming the
+        JSON path of the bad field when the text is malformed."""
+        raise self.unsupported("the serialized layout form")
+
     # resharding (RESHARD-*)
     def reshard(
         self,
@@ -100,6 +120,16 @@ class Impl:
         rank starts with its source boxes and returns a RankResult whose tensors are its
         destination boxes in ``dst``'s local order."""
         raise self.unsupported("resharding")
+
+    def reshard_state_dict(
+        self, pool: Any, entries: list[dict[str, Any]], budget: int | None, example: str
+    ) -> list[Any]:
+        """Move several tensors at once (``entries``: ``key``, ``src``, ``dst``, global
+        ``tensor``, ``out`` kind of strategies_streams.OUT_KINDS or None, ``pad``) on the
+        pool's ranks: per rank a RankResult whose tensors are its destination boxes of every
+        entry in order, and whose ``value`` says per key whether the out= tensors given were
+        returned (``same``) and whether anything outside them was written (``spilled``)."""
+        raise self.unsupported("resharding a state dict of several dtypes")
 
     # TorchRec (TORCHREC-*, spec/08-torchrec.md)
     def torchrec_layout(

@@ -72,6 +72,29 @@ class ShardspecImpl(Impl):
             return spec.dim, list(spec.ranks)
         return None
 
+    def inferred_layout(self, layout: Layout) -> Layout:
+        from shardspec.metadata import infer_spec
+
+        return infer_spec(layout).layout(layout.shape)
+
+    def sharding_spec(self, layout: Layout) -> Any:
+        from shardspec.metadata import ConversionError, to_sharding_spec
+
+        try:
+            return to_sharding_spec(layout)
+        except ConversionError as e:  # replicas, zero-size shards torch refuses (CONVERT-5)
+            raise self.unsupported(f"torch's sharding specs cannot express it: {e}") from None
+
+    def layout_to_json(self, layout: Layout) -> str:
+        from shardspec.metadata import layout_to_json
+
+        return layout_to_json(layout)
+
+    def layout_from_json(self, text: str | bytes) -> Layout:
+        from shardspec.metadata import layout_from_json
+
+        return layout_from_json(text)
+
     def reshard(
         self,
         pool: Any,
@@ -97,6 +120,29 @@ class ShardspecImpl(Impl):
             for r in range(pool.world_size)
         ]
         return list(pool.run("reshard.shardspec", args, per_rank_tensors=inputs, example=example))
+
+    def reshard_state_dict(
+        self, pool: Any, entries: list[dict[str, Any]], budget: int | None, example: str
+    ) -> list[Any]:
+        from conformance.codec import layout_to_json
+
+        wire = [
+            {
+                "key": e["key"],
+                "src": layout_to_json(e["src"]),
+                "dst": layout_to_json(e["dst"]),
+                "dtype": str(e["tensor"].dtype).removeprefix("torch."),
+                "out": e["out"],
+                "pad": e["pad"],
+            }
+            for e in entries
+        ]
+        inputs = [
+            [e["tensor"][b.slices()].contiguous() for e in entries for b in e["src"].boxes_of(r)]
+            for r in range(pool.world_size)
+        ]
+        args = {"entries": wire, "budget": budget}
+        return list(pool.run("reshard.state_dict", args, per_rank_tensors=inputs, example=example))
 
     # TorchRec (TORCHREC-*)
     def torchrec_layout(

@@ -136,6 +136,27 @@ class TorchImpl(Impl):
             return int(spec.dim), [p.rank() for p in spec.placements]
         return None
 
+    def sharding_spec(self, layout: Layout) -> Any:
+        from torch.distributed._shard.sharding_spec.api import (
+            _infer_sharding_spec_from_shards_metadata,
+        )
+
+        boxes = [s.box for s in layout.shards if not s.box.is_empty]
+        if not layout.shards or len(set(boxes)) != len(boxes):
+            raise self.unsupported("ShardMetadata needs a shard and has no replication")
+        return _infer_sharding_spec_from_shards_metadata(_shard_metadata(layout))
+
+    def inferred_layout(self, layout: Layout) -> Layout:
+        import torch
+        from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
+        from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+
+        spec = self.sharding_spec(layout)
+        if isinstance(spec, ChunkShardingSpec):
+            md = spec.build_metadata(torch.Size(layout.shape), TensorProperties())
+            return _layout(layout.shape, md.shards_metadata)
+        return _layout(layout.shape, spec.shards)
+
     def reshard(
         self,
         pool: Any,

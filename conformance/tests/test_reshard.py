@@ -14,29 +14,10 @@ from conformance import reference
 from conformance.assertions import assert_equal, assert_tensor_bitwise, describe_layout
 from conformance.cases import case
 from conformance.impls import Impl
-from conformance.strategies import (
-    dtypes,
-    shapes,
-    tensors,
-    valid_layouts,
-    with_replicas,
-    world_sizes,
-)
-from shardspec.metadata import Layout, chunk_layout
+from conformance.strategies import dtypes, shapes, tensors, world_sizes
+from conformance.strategies_streams import layouts_on, state_dict_cases
+from shardspec.metadata import chunk_layout
 from shardspec.testing.devices import simulated_worlds
-
-
-@st.composite
-def layouts_on(draw: st.DrawFn, shape: tuple[int, ...], world: int) -> Layout:
-    """Any valid layout whose ranks are ranks of a pool of ``world`` (replicas included);
-    a third are chunkings over every rank in some order, the case torch's resharding takes."""
-    if shape and draw(st.integers(0, 2)) == 0:
-        dim = draw(st.integers(0, len(shape) - 1))
-        return chunk_layout(shape, dim, draw(st.permutations(range(world))))
-    layout = draw(valid_layouts(st.just(shape), max_ranks=world, replicas=False))
-    if draw(st.booleans()):
-        layout = draw(with_replicas(layout, max_extra_ranks=0))
-    return layout
 
 
 @st.composite
@@ -100,3 +81,45 @@ def test_reshard_equals_the_global_tensor_sliced(impl: Impl, pools: Any, c: dict
             for k, box in enumerate(boxes):
                 want = reference.gather(t, reference.indices_of_boxes([box], t.dim()))
                 assert_tensor_bitwise(f"rank{r.rank}.out[{k}]", r.tensors[k], want, ex)
+
+
+@pytest.mark.rule("RESHARD-1", "RESHARD-6")
+@pytest.mark.pool
+@given(state_dict_cases())
+def test_mixed_dtype_state_dict_unpacks_into_strided_out_tensors(
+    impl: Impl, pools: Any, c: dict[str, Any]
+) -> None:
+    """Several dtypes share each rank pair's stream; every rank's outputs, written into the
+    out= views it gave (at storage offsets, strided, transposed), equal the reference, and
+    nothing around the views is touched."""
+    entries = c["entries"]
+    ex = (
+        f"reshard_state_dict(world={c['world']}, max_buffer_bytes={c['budget']}, "
+        + ", ".join(
+            f"{e['key']}: {describe_layout(e['src'])} -> {describe_layout(e['dst'])} "
+            f"out={e['out']} pad={e['pad']}"
+            for e in entries
+        )
+        + ")"
+    )
+    with case():
+        results = impl.reshard_state_dict(pools(c["world"]), entries, c["budget"], ex)
+        for r in results:
+            want = [(e, box) for e in entries for box in e["dst"].boxes_of(r.rank)]
+            assert_equal(f"rank{r.rank}.len(out)", len(r.tensors), len(want), ex)
+            for k, ((e, box), got) in enumerate(zip(want, r.tensors)):
+                t = e["tensor"]
+                ref = reference.gather(t, reference.indices_of_boxes([box], t.dim()))
+                assert_tensor_bitwise(f"rank{r.rank}.{e['key']}[{k}]", got, ref, ex)
+            for e in entries:
+                if e["out"] is not None:
+                    key = e["key"]
+                    assert_equal(
+                        f"rank{r.rank}.{key} returned the out= tensors",
+                        r.value["same"][key],
+                        True,
+                        ex,
+                    )
+                    assert_equal(
+                        f"rank{r.rank}.{key} wrote outside out=", r.value["spilled"][key], False, ex
+                    )

@@ -4,27 +4,39 @@ reproduces the layout, and the order of the shards does not matter."""
 
 from __future__ import annotations
 
-import itertools
+from collections import Counter
 
 import pytest
 from hypothesis import example, given, strategies as st
 
+from conformance import reference
 from conformance.assertions import assert_equal, assert_layouts_equal, describe_layout
 from conformance.cases import case
 from conformance.impls import Impl
 from conformance.strategies import chunk_layouts, permuted, shapes, valid_layouts
+from conformance.strategies_grids import large_chunk_layouts
 from shardspec.metadata import Box, Layout, Shard, chunk_layout
 
 
+def _chunk_boxes(shape: tuple[int, ...], dim: int, k: int) -> Counter[Box]:
+    nd = len(shape)
+    return Counter(
+        Box(
+            [a if d == dim else 0 for d in range(nd)],
+            [b - a if d == dim else shape[d] for d in range(nd)],
+        )
+        for a, b in reference.chunk_intervals(shape[dim], k)
+    )
+
+
 def is_chunk_layout(layout: Layout) -> bool:
+    """Some dim and rank order chunk to ``layout``: each rank holds one box, and the boxes are
+    the chunk rule's boxes of some dim (then the order that lists each box's ranks is one)."""
     ranks = [s.rank for s in layout.shards]
     if not layout.shape or len(set(ranks)) != len(ranks):
         return False
-    return any(
-        chunk_layout(layout.shape, d, order) == layout
-        for d in range(layout.ndim)
-        for order in itertools.permutations(ranks)
-    )
+    boxes = Counter(s.box for s in layout.shards)
+    return any(_chunk_boxes(layout.shape, d, len(ranks)) == boxes for d in range(layout.ndim))
 
 
 LAYOUTS = st.one_of(
@@ -105,4 +117,55 @@ def test_inference_does_not_depend_on_shard_order(
             second_kind,
             first_kind,
             f"{describe_layout(layout)} reordered as {describe_layout(other)}",
+        )
+
+
+# Chunkings over many ranks in a drawn order (rank gaps included), where a rank order that is
+# reversed or rotated shows on every box.
+_MANY = st.one_of(
+    LAYOUTS,
+    large_chunk_layouts(max_ranks=96, perturb=False),
+    chunk_layouts(shapes(min_dims=1, max_dims=2, max_side=12), max_ranks=12)
+    .map(lambda lay: lay.with_ranks({r: 2 * r + 1 for r in lay.ranks}))
+    .flatmap(permuted),
+)
+
+
+@pytest.mark.rule("SPEC-3", "SPEC-1")
+@pytest.mark.known_defect("torch", INFER_DEFECT)
+@given(_MANY)
+@example(MIXED_DIMS)
+@example(chunk_layout((7, 3), 1, [2, 0, 1]))
+def test_inferred_spec_gives_back_the_layout_ranks_included(impl: Impl, layout: Layout) -> None:
+    ex = describe_layout(layout)
+    with case():
+        assert_layouts_equal(
+            "infer_spec(L).layout(L.shape)", impl.inferred_layout(layout), layout, ex
+        )
+
+
+@pytest.mark.rule("CONVERT-3", "CONVERT-4")
+@pytest.mark.known_defect("torch", INFER_DEFECT)
+@given(_MANY)
+@example(MIXED_DIMS)
+@example(EMPTY_AT_N)
+def test_torch_sharding_spec_says_the_layout_ranks_included(impl: Impl, layout: Layout) -> None:
+    """The torch spec of a layout, read by hand (chunk rule, placements' ranks), is the
+    layout; it is a ChunkShardingSpec exactly when some chunking gives the layout."""
+    from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+
+    ex = describe_layout(layout)
+    with case():
+        spec = impl.sharding_spec(layout)
+        assert_equal(
+            "isinstance(spec, ChunkShardingSpec)",
+            isinstance(spec, ChunkShardingSpec),
+            is_chunk_layout(layout),
+            f"{ex} spec={spec}",
+        )
+        assert_layouts_equal(
+            "layout_of(to_sharding_spec(L))",
+            reference.layout_of_torch_spec(spec, layout.shape),
+            layout,
+            ex,
         )

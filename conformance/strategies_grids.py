@@ -1,0 +1,196 @@
+"""Large layouts for the validation area: regular grids and chunkings of 64 to a few hundred
+shards, where a validator may switch to another algorithm (shardspec's validates layouts of
+64 shards or more in NumPy), and the same grids with one box straddling a cell boundary.
+
+A straddling box hides one mistake in an otherwise regular grid: it reaches into its
+neighbour's cell (an overlap), stops short of its own cell's end (a gap), moves by a row (both),
+or takes part of the neighbour's cell that the neighbour gives up (valid, but no longer a product
+grid). The brute-force oracle decides; the strategies only make sure every kind turns up.
+Sizes stay small (at most a few thousand elements) so the oracle's enumeration stays cheap.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from itertools import accumulate, pairwise
+
+from hypothesis import strategies as st
+
+from shardspec.metadata import Box, Layout, Shard, chunk_layout
+
+__all__ = [
+    "LARGE_FROM",
+    "STRADDLE_KINDS",
+    "large_chunk_layouts",
+    "large_grid_layouts",
+    "large_layouts",
+    "near_grid_layouts",
+]
+
+# The number of shards from which the layouts here start: shardspec's NumPy threshold
+# (shardspec.metadata.columns.COLUMNS_FROM), restated so the suite does not read the
+# implementation's constants.
+LARGE_FROM = 64
+STRADDLE_KINDS = ("overlap", "gap", "shift", "take")
+
+
+@st.composite
+def _cell_counts(draw: st.DrawFn, max_cells: int) -> tuple[int, ...]:
+    """Per-dim cell counts (1-D to 3-D) whose product lies in [LARGE_FROM, max_cells]; the
+    last dim's count is drawn within the range the others leave."""
+    nd = draw(st.integers(1, 3))
+    lead = [draw(st.integers(2, 8)) for _ in range(nd - 1)]
+    rest = math.prod(lead)
+    last = draw(st.integers(-(-LARGE_FROM // rest), max(-(-LARGE_FROM // rest), max_cells // rest)))
+    return (*lead, last)
+
+
+@st.composite
+def _grid(draw: st.DrawFn, max_cells: int) -> tuple[tuple[int, ...], list[list[tuple[int, int]]]]:
+    """A shape and, per dim, its cells as consecutive (start, stop) intervals of size 1-3."""
+    counts = draw(_cell_counts(max_cells))
+    rnd = draw(_bulk())
+    per_dim: list[list[tuple[int, int]]] = []
+    for k in counts:
+        sizes = [rnd.randint(1, 3) for _ in range(k)]
+        edges = [0, *accumulate(sizes)]
+        per_dim.append(list(pairwise(edges)))
+    return tuple(iv[-1][1] for iv in per_dim), per_dim
+
+
+def _bulk() -> st.SearchStrategy[random.Random]:
+    # Hundreds of sizes and rank orders come from one seeded generator: drawing each value
+    # separately makes Hypothesis' generation too slow for its health check.
+    return st.randoms(use_true_random=False)
+
+
+def _order(draw: st.DrawFn, k: int) -> list[int]:
+    order = list(range(k))
+    draw(_bulk()).shuffle(order)
+    return order
+
+
+def _cells(per_dim: list[list[tuple[int, int]]]) -> list[Box]:
+    cells = [Box((), ())]
+    for intervals in per_dim:
+        cells = [Box((*c.offsets, a), (*c.sizes, b - a)) for c in cells for (a, b) in intervals]
+    return cells
+
+
+@st.composite
+def large_grid_layouts(draw: st.DrawFn, *, max_cells: int = 300) -> Layout:
+    """A valid regular grid of LARGE_FROM..max_cells cells, one rank per cell in a drawn
+    order, sometimes with empty boxes on extra ranks and a few replicated cells."""
+    shape, per_dim = draw(_grid(max_cells))
+    cells = _cells(per_dim)
+    order = _order(draw, len(cells))
+    shards = [Shard(c, r) for c, r in zip(cells, order)]
+    extra = len(cells)
+    for _ in range(draw(st.integers(0, 2))):  # empty boxes, at a cell's corner or at the end
+        d = draw(st.integers(0, len(shape) - 1))
+        corner = draw(st.sampled_from(cells))
+        offs = list(corner.offsets)
+        offs[d] = draw(st.sampled_from([offs[d], shape[d]]))
+        sizes = list(corner.sizes)
+        sizes[d] = 0
+        shards.append(Shard(Box(offs, sizes), extra))
+        extra += 1
+    for _ in range(draw(st.integers(0, 2))):  # replicas: the same cell on another rank
+        shards.append(Shard(draw(st.sampled_from(cells)), extra))
+        extra += 1
+    return Layout(shape, shards)
+
+
+def _neighbour(per_dim: list[list[tuple[int, int]]], cell: Box, d: int) -> Box | None:
+    """The cell after ``cell`` along dim ``d``, or None at the end."""
+    starts = [a for a, _ in per_dim[d]]
+    i = starts.index(cell.offsets[d])
+    if i + 1 == len(per_dim[d]):
+        return None
+    a, b = per_dim[d][i + 1]
+    offs, sizes = list(cell.offsets), list(cell.sizes)
+    offs[d], sizes[d] = a, b - a
+    return Box(offs, sizes)
+
+
+def _with(box: Box, d: int, offset: int, size: int) -> Box:
+    offs, sizes = list(box.offsets), list(box.sizes)
+    offs[d], sizes[d] = offset, size
+    return Box(offs, sizes)
+
+
+@st.composite
+def near_grid_layouts(draw: st.DrawFn, *, max_cells: int = 300) -> tuple[Layout, str]:
+    """``(layout, kind)``: a large regular grid (one cell per rank) with one box straddling a
+    cell boundary along one dim; ``kind`` is one of STRADDLE_KINDS:
+
+    - ``overlap``: the box grows into the next cell, which keeps its rows;
+    - ``gap``: the box shrinks, and nothing covers the rows it gave up;
+    - ``shift``: the box moves by ``delta`` rows (an overlap on one side, a gap on the other);
+    - ``take``: the box grows into the next cell and the next cell gives those rows up
+      (valid, but no longer a product grid).
+    """
+    shape, per_dim = draw(_grid(max_cells))
+    cells = _cells(per_dim)
+    d = draw(st.integers(0, len(shape) - 1))
+    movable = [c for c in cells if _neighbour(per_dim, c, d) is not None]
+    kind = draw(st.sampled_from(STRADDLE_KINDS))
+    if not movable:  # one cell along d: the box can only shrink
+        kind = "gap"
+        movable = cells
+    i = cells.index(draw(st.sampled_from(movable)))
+    box = cells[i]
+    o, n = box.offsets[d], box.sizes[d]
+    if kind == "gap":
+        cut = draw(st.integers(1, n))
+        at_start = draw(st.booleans())
+        cells[i] = _with(box, d, o + cut if at_start else o, n - cut)
+    else:
+        nxt = _neighbour(per_dim, box, d)
+        assert nxt is not None
+        j = cells.index(nxt)
+        delta = draw(st.integers(1, nxt.sizes[d]))
+        if kind == "overlap":
+            cells[i] = _with(box, d, o, n + delta)
+        elif kind == "shift":
+            cells[i] = _with(box, d, o + delta, n)
+        else:  # take
+            cells[i] = _with(box, d, o, n + delta)
+            cells[j] = _with(nxt, d, nxt.offsets[d] + delta, nxt.sizes[d] - delta)
+    order = _order(draw, len(cells))
+    return Layout(shape, [Shard(c, r) for c, r in zip(cells, order)]), kind
+
+
+@st.composite
+def large_chunk_layouts(draw: st.DrawFn, *, max_ranks: int = 300, perturb: bool = True) -> Layout:
+    """A chunking over LARGE_FROM..max_ranks ranks (more ranks than rows included, so empty
+    chunks at the end), in a drawn rank order and shard order; with ``perturb``, maybe one
+    chunk moved or resized by a row (about half are then invalid)."""
+    k = draw(st.integers(LARGE_FROM, max_ranks))
+    n = draw(st.integers(1, 3 * k))
+    other = draw(st.lists(st.integers(1, 3), max_size=2))
+    dim = draw(st.integers(0, len(other)))
+    shape = (*other[:dim], n, *other[dim:])
+    layout = chunk_layout(shape, dim, _order(draw, k))
+    shards = [layout.shards[i] for i in _order(draw, k)]
+    if not perturb or draw(st.booleans()):
+        return Layout(shape, shards)
+    i = draw(st.integers(0, k - 1))
+    b = shards[i].box
+    o, s = b.offsets[dim], b.sizes[dim]
+    delta = draw(st.sampled_from([-1, 1]))
+    if draw(st.booleans()):
+        shards[i] = Shard(_with(b, dim, max(0, o + delta), s), shards[i].rank)
+    else:
+        shards[i] = Shard(_with(b, dim, o, max(0, s + delta)), shards[i].rank)
+    return Layout(shape, shards)
+
+
+def large_layouts() -> st.SearchStrategy[Layout]:
+    """Valid large grids, near-grids (one straddling box) and large chunkings, mixed."""
+    return st.one_of(
+        large_grid_layouts(),
+        near_grid_layouts().map(lambda lk: lk[0]),
+        large_chunk_layouts(),
+    )

@@ -1,0 +1,61 @@
+"""Cases for resharding many tensors at once (spec/06-reshard.md): state dicts whose tensors
+have different dtypes, so one rank pair's stream carries elements of several sizes (1, 2, 4,
+8 bytes) back to back, unpacked into ``out=`` tensors that are views of larger buffers:
+contiguous at a storage offset, strided, or transposed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from shardspec.metadata import Layout, chunk_layout
+
+from .strategies import dtypes, shapes, tensors, valid_layouts, with_replicas
+
+__all__ = ["OUT_KINDS", "layouts_on", "state_dict_cases"]
+
+# How an out= tensor sits in its buffer: "contiguous" (a buffer of its own), "offset" (a
+# contiguous view at a storage offset), "strided" (every other element, at a storage offset),
+# "transposed" (dims reversed in memory, at a storage offset).
+OUT_KINDS = ("contiguous", "offset", "strided", "transposed")
+
+
+@st.composite
+def layouts_on(draw: st.DrawFn, shape: tuple[int, ...], world: int) -> Layout:
+    """Any valid layout whose ranks are ranks of a pool of ``world`` (replicas included);
+    a third are chunkings over every rank in some order, the case torch's resharding takes."""
+    if shape and draw(st.integers(0, 2)) == 0:
+        dim = draw(st.integers(0, len(shape) - 1))
+        return chunk_layout(shape, dim, draw(st.permutations(range(world))))
+    layout = draw(valid_layouts(st.just(shape), max_ranks=world, replicas=False))
+    if draw(st.booleans()):
+        layout = draw(with_replicas(layout, max_extra_ranks=0))
+    return layout
+
+
+@st.composite
+def state_dict_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
+    """``{"world", "entries": [{"key", "src", "dst", "tensor", "out", "pad"}], "budget"}``:
+    2 to 4 tensors of distinct dtypes (bool, int8 and uint8 beside 8-byte types), each with
+    its own layouts; ``out`` is None for every entry (the executor allocates) or an OUT_KINDS
+    kind per entry, ``pad`` the storage offset of its view."""
+    world = draw(st.integers(1, max_world), label="world")
+    kinds = draw(st.lists(dtypes(), min_size=2, max_size=4, unique=True), label="dtypes")
+    with_out = draw(st.booleans(), label="out")
+    entries = []
+    for i, dt in enumerate(kinds):
+        shape = draw(shapes(max_dims=3, max_side=5))
+        entries.append(
+            {
+                "key": f"t{i}.{str(dt).removeprefix('torch.')}",
+                "src": draw(layouts_on(shape, world)),
+                "dst": draw(layouts_on(shape, world)),
+                "tensor": draw(tensors(shape, st.just(dt))),
+                "out": draw(st.sampled_from(OUT_KINDS)) if with_out else None,
+                "pad": draw(st.integers(1, 3)),
+            }
+        )
+    budget = draw(st.sampled_from([None, 16, 48, 4096]), label="budget")
+    return {"world": world, "entries": entries, "budget": budget}

@@ -76,7 +76,7 @@ def _out_view(kind: str, sizes: tuple[int, ...], dtype: torch.dtype, pad: int) -
         for d in range(len(sizes) - 2, -1, -1):
             strides[d] = strides[d + 1] * sizes[d + 1]
         return base.as_strided(sizes, strides, pad)
-    return base[pad : pad + numel].view(sizes[::-1]).permute(*range(len(sizes) - 1, -1, -1))
+    return base[pad : pad + numel].view(sizes[::-1]).permute(list(range(len(sizes) - 1, -1, -1)))
 
 
 def _spilled(t: torch.Tensor) -> bool:

@@ -114,3 +114,112 @@ def _tp_chunk(
             local = ts[0].new_empty(0)
     dist.barrier()
     return {"boxes": boxes}, [_from_wire(local.contiguous(), dtype)]
+
+
+def _flatten_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
+    dp, tp = args["mesh"]
+    if dp * tp != ctx.world:
+        raise ValueError(f"mesh {args['mesh']} has {dp * tp} devices, the pool {ctx.world} ranks")
+    if len(ts) != 2 or ts[0].ndim < 1 or ts[1].ndim < 1:
+        raise ValueError("fsdp.flatten takes two global tensors of at least 1 dim")
+    if not 0 <= args["tp_dim"] < ts[0].ndim or args["via"] not in ("shardspec", "torch"):
+        raise ValueError(f"TP dim {args['tp_dim']} / via {args['via']!r}")
+    if not all(0 <= r < ctx.world for r in args["owners"]):
+        raise ValueError(f"owners {args['owners']} are not ranks of the pool")
+
+
+def _plain_sharded_tensor(ctx: Context, g: torch.Tensor, owners: list[int]) -> Any:
+    """A ShardedTensor of ``g``'s dim-0 chunks on ``owners`` (chunk i on owners[i]): the
+    other ranks hold no local shard at all."""
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharded_tensor.api import ShardedTensor
+    from torch.distributed._shard.sharded_tensor.metadata import (
+        ShardedTensorMetadata,
+        TensorProperties,
+    )
+    from torch.distributed._shard.sharded_tensor.shard import Shard as TorchShard
+
+    from conformance.reference import chunk_intervals
+
+    mds, mine = [], []
+    for (a, b), r in zip(chunk_intervals(g.shape[0], len(owners)), owners):
+        md = ShardMetadata([a] + [0] * (g.ndim - 1), [b - a, *g.shape[1:]], f"rank:{r}/cpu")
+        mds.append(md)
+        if r == ctx.rank:
+            mine.append(TorchShard(g[a:b].contiguous(), md))
+    meta = ShardedTensorMetadata(mds, g.shape, TensorProperties(dtype=g.dtype))
+    return ShardedTensor._init_from_local_shards_and_global_metadata(mine, meta)
+
+
+def _describe_st(st: Any) -> tuple[dict[str, Any], list[torch.Tensor]]:
+    from conformance.codec import layout_to_json
+    from shardspec.metadata import Box, Layout, Shard
+
+    shards = [
+        Shard(Box(md.shard_offsets, md.shard_sizes), md.placement.rank())
+        for md in st.metadata().shards_metadata
+    ]
+    local = [
+        [list(s.metadata.shard_offsets), list(s.metadata.shard_sizes)] for s in st.local_shards()
+    ]
+    data = [s.tensor.contiguous() for s in st.local_shards()]
+    return {"layout": layout_to_json(Layout(tuple(st.size()), shards)), "local": local}, data
+
+
+@operation("fsdp.flatten", collective=True, check=_flatten_check)
+def _flatten(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
+    """A SHARDED_STATE_DICT as FSDP1 + TP writes it: ``layer.w`` is the implementation's
+    ``chunk_tensor`` hook on ``ts[0]`` TP-sharded on ``tp_dim`` (a nested ShardedTensor),
+    ``layer.n`` a plain value, ``buf`` a ShardedTensor of ``ts[1]`` held by ``owners`` only
+    (nothing local on the other ranks). Flattened by the implementation; returns the keys it
+    kept and, per ShardedTensor kept, its layout, its local boxes and their data."""
+    import torch.distributed as dist
+    from torch.distributed._shard.sharded_tensor.api import ShardedTensor
+    from torch.distributed.tensor import DTensor, Shard
+
+    dp, tp = args["mesh"]
+    mesh = _fsdp_mesh(ctx, dp, tp)
+    d = args["tp_dim"]
+    p, t = mesh.get_coordinate()
+    g = ts[0]
+    pieces = g.chunk(tp, d)
+    piece = pieces[t] if t < len(pieces) else g.narrow(d, g.shape[d], 0)
+    dt = DTensor.from_local(
+        piece.contiguous(),
+        mesh["tp"],
+        [Shard(d)],
+        run_check=False,
+        shape=g.shape,
+        stride=g.stride(),
+    )
+    ext = _extension(args["via"])
+    state = {
+        "layer": {"w": ext.chunk_tensor(dt, p, dp, 1, mesh["dp"].get_group()), "n": 3},
+        "buf": _plain_sharded_tensor(ctx, ts[1], args["owners"]),
+    }
+    if args["via"] == "shardspec":
+        from shardspec.fsdp import flatten_sharded_tensors as flatten
+    else:
+        from torch.distributed.checkpoint._sharded_tensor_utils import (
+            _flatten_sharded_tensors as flatten,
+        )
+    flat = flatten(state)
+    facts: dict[str, Any] = {"keys": [], "entries": {}}
+    data: list[torch.Tensor] = []
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}{k}.", v)
+            return
+        key = prefix[:-1]
+        facts["keys"].append(key)
+        if isinstance(value, ShardedTensor):
+            facts["entries"][key], local = _describe_st(value)
+            data.extend(local)
+
+    walk("", flat)
+    dist.barrier()
+    return facts, data

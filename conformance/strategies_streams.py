@@ -14,7 +14,7 @@ from shardspec.metadata import Layout, chunk_layout
 
 from .strategies import dtypes, shapes, tensors, valid_layouts, with_replicas
 
-__all__ = ["OUT_KINDS", "layouts_on", "state_dict_cases"]
+__all__ = ["OUT_KINDS", "flatten_cases", "layouts_on", "state_dict_cases"]
 
 # How an out= tensor sits in its buffer: "contiguous" (a buffer of its own), "offset" (a
 # contiguous view at a storage offset), "strided" (every other element, at a storage offset),
@@ -59,3 +59,23 @@ def state_dict_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
         )
     budget = draw(st.sampled_from([None, 16, 48, 4096]), label="budget")
     return {"world": world, "entries": entries, "budget": budget}
+
+
+@st.composite
+def flatten_cases(draw: st.DrawFn) -> dict[str, Any]:
+    """``{"mesh": (dp, tp), "tp_dim", "weight", "buf", "owners"}`` for FSDP-8: a weight
+    TP-sharded on ``tp_dim`` then FSDP-chunked (more ranks than rows included), and a buffer
+    chunked over ``owners``, a drawn subset of the ranks in a drawn order, so some ranks
+    often hold nothing of it."""
+    mesh = draw(st.sampled_from([(1, 2), (2, 1), (2, 2), (1, 3), (3, 1), (1, 4), (4, 1)]))
+    world = mesh[0] * mesh[1]
+    wshape = draw(shapes(min_dims=1, max_dims=3, max_side=6))
+    owners = draw(st.permutations(range(world)))[: draw(st.integers(1, world))]
+    dt = draw(dtypes())
+    return {
+        "mesh": mesh,
+        "tp_dim": draw(st.integers(0, len(wshape) - 1)),
+        "weight": draw(tensors(wshape, st.just(dt))),
+        "buf": draw(tensors(draw(shapes(min_dims=1, max_dims=2, max_side=5)), st.just(dt))),
+        "owners": list(owners),
+    }

@@ -209,6 +209,32 @@ class Impl:
             example=example,
         )
 
+    def flatten(
+        self,
+        pool: Any,
+        mesh: Sequence[int],
+        tp_dim: int,
+        weight: Any,
+        buf: Any,
+        owners: Sequence[int],
+        example: str,
+    ) -> list[Any]:
+        """FSDP-8 on a ``(dp, tp)`` mesh of the pool's ranks: a state dict whose ``layer.w`` is
+        the implementation's FSDP1 ``chunk_tensor`` of ``weight`` TP-sharded on ``tp_dim``
+        (nested ShardedTensors), ``layer.n`` a plain value and ``buf`` a ShardedTensor of
+        ``buf``'s dim-0 chunks on ``owners`` only, flattened by the implementation. Per rank
+        ``value["keys"]`` (the keys kept), ``value["entries"][key]`` (``layout`` JSON and
+        ``local`` boxes of each ShardedTensor kept) and the local data, entries in key order."""
+        args = {"mesh": list(mesh), "tp_dim": tp_dim, "owners": list(owners)}
+        return self._run_via(  # type: ignore[no-any-return]
+            "flattening nested ShardedTensors",
+            pool,
+            "fsdp.flatten",
+            args,
+            tensors=[weight, buf],
+            example=example,
+        )
+
     def fsdp_chunk_dtensor(self, pool: Any, tensor: Any, example: str) -> list[Any]:
         """FSDP1 + TP's chunk hook on a DTensor ``Shard(0)`` over every rank (FSDP over each
         rank alone): per rank ``value["outer"]`` / ``["inner"]`` layouts, ``["outer_local"]``,

@@ -22,6 +22,7 @@ from shardspec.metadata import Box, Layout, Shard, chunk_layout
 __all__ = [
     "LARGE_FROM",
     "STRADDLE_KINDS",
+    "chunkings_with_many_ranks",
     "large_chunk_layouts",
     "large_grid_layouts",
     "large_layouts",
@@ -185,6 +186,20 @@ def large_chunk_layouts(draw: st.DrawFn, *, max_ranks: int = 300, perturb: bool 
     else:
         shards[i] = Shard(_with(b, dim, o, max(0, s + delta)), shards[i].rank)
     return Layout(shape, shards)
+
+
+def chunkings_with_many_ranks() -> st.SearchStrategy[Layout]:
+    """Valid chunkings in a drawn rank order and shard order: over 64 to 96 ranks, or over a
+    few ranks numbered with gaps (1, 3, 5, ...), where a reversed or rotated rank order shows
+    on every box."""
+    from .strategies import chunk_layouts, permuted, shapes
+
+    return st.one_of(
+        large_chunk_layouts(max_ranks=96, perturb=False),
+        chunk_layouts(shapes(min_dims=1, max_dims=2, max_side=12), max_ranks=12)
+        .map(lambda lay: lay.with_ranks({r: 2 * r + 1 for r in lay.ranks}))
+        .flatmap(permuted),
+    )
 
 
 def large_layouts() -> st.SearchStrategy[Layout]:

@@ -14,7 +14,7 @@ from conformance.assertions import assert_equal, assert_layouts_equal, describe_
 from conformance.cases import case
 from conformance.impls import Impl
 from conformance.strategies import chunk_layouts, permuted, shapes, valid_layouts
-from conformance.strategies_grids import large_chunk_layouts
+from conformance.strategies_grids import chunkings_with_many_ranks
 from shardspec.metadata import Box, Layout, Shard, chunk_layout
 
 
@@ -120,15 +120,7 @@ def test_inference_does_not_depend_on_shard_order(
         )
 
 
-# Chunkings over many ranks in a drawn order (rank gaps included), where a rank order that is
-# reversed or rotated shows on every box.
-_MANY = st.one_of(
-    LAYOUTS,
-    large_chunk_layouts(max_ranks=96, perturb=False),
-    chunk_layouts(shapes(min_dims=1, max_dims=2, max_side=12), max_ranks=12)
-    .map(lambda lay: lay.with_ranks({r: 2 * r + 1 for r in lay.ranks}))
-    .flatmap(permuted),
-)
+_MANY = st.one_of(LAYOUTS, chunkings_with_many_ranks())
 
 
 @pytest.mark.rule("SPEC-3", "SPEC-1")

@@ -1,0 +1,62 @@
+"""Every chapter of spec/ has a conformance area: some test in ``conformance/tests`` cites one
+of its rules and runs the implementation under test through the adapter (the ``impl``
+fixture). A chapter the suite never reaches is a class of bug no implementation is checked
+for, which is how the serialization and flattening rules went unchecked."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# Chapters about the suite itself: their rules are checked by conformance/meta.
+SUITE_CHAPTERS = {"05-conformance.md"}
+
+
+def _trace() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("spec_trace", ROOT / "spec" / "trace.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TRACE = _trace()
+RULES: dict[str, tuple[str, str]] = TRACE.read_rules()
+CITES: dict[str, list[str]] = TRACE.read_citations()
+CHAPTERS = sorted({chapter for chapter, _ in RULES.values()} - SUITE_CHAPTERS)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_chapter_has_a_conformance_area(chapter: str) -> None:
+    cited = {
+        test: [r for r in rules if RULES.get(r, ("",))[0] == chapter]
+        for test, rules in CITES.items()
+        if test.startswith("conformance/tests/")
+    }
+    tests = [t for t, rules in cited.items() if rules]
+    assert tests, (
+        f"no test in conformance/tests cites a rule of spec/{chapter}: add an area "
+        f"(conformance/tests/test_<area>.py) that runs the implementation through the adapter"
+    )
+
+
+def _test_functions(path: Path) -> list[ast.FunctionDef]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test")
+    ]
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "conformance" / "tests").glob("test_*.py")), ids=lambda p: p.name
+)
+def test_every_conformance_test_runs_the_implementation_under_test(path: Path) -> None:
+    lazy = [f.name for f in _test_functions(path) if "impl" not in {a.arg for a in f.args.args}]
+    assert not lazy, f"{path.name}: {lazy} do not take the impl fixture"

@@ -1,0 +1,185 @@
+"""The strategies behind the validation, specs, serialization, resharding and flattening areas
+reach the edges where seeded defects hid: layouts of 64 shards and more (where a validator may
+switch algorithm) with one box straddling a cell boundary, many ranks in a drawn order, every
+kind of malformed JSON, mixed element sizes in one stream unpacked into non-contiguous out=
+views, and a rank with nothing local."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import find, settings
+from hypothesis.errors import NoSuchExample
+
+from conformance import reference
+from conformance.strategies_grids import (
+    LARGE_FROM,
+    STRADDLE_KINDS,
+    chunkings_with_many_ranks,
+    large_chunk_layouts,
+    large_grid_layouts,
+    near_grid_layouts,
+)
+from conformance.strategies_json import FAULTS, malformed_layout_json
+from conformance.strategies_streams import flatten_cases, state_dict_cases
+from shardspec.metadata import Layout
+
+FIND = settings(max_examples=300, database=None)
+
+
+def reaches(strategy: Any, condition: Callable[[Any], bool], what: str) -> None:
+    try:
+        find(strategy, condition, settings=FIND)
+    except NoSuchExample:  # pragma: no cover - the failure this test exists for
+        pytest.fail(f"{strategy!r} never produced {what}")
+
+
+def _large(layout: Layout) -> bool:
+    return len(layout.shards) >= LARGE_FROM
+
+
+def _is_grid_of_cells(layout: Layout) -> bool:
+    """Every dim's distinct intervals tile the dim (a product grid)."""
+    for d, n in enumerate(layout.shape):
+        ivs = sorted({(s.box.offsets[d], s.box.sizes[d]) for s in layout.shards if s.box.numel})
+        end = 0
+        for o, z in ivs:
+            if o != end:
+                return False
+            end = o + z
+        if end != n:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("kind", STRADDLE_KINDS)
+def test_near_grids_are_large_and_straddle_every_way(kind: str) -> None:
+    want_valid = kind == "take"
+    reaches(
+        near_grid_layouts(),
+        lambda lk: lk[1] == kind and _large(lk[0]) and reference.is_valid(lk[0]) == want_valid,
+        f"a >= {LARGE_FROM}-shard near-grid straddling by {kind!r} "
+        f"({'valid' if want_valid else 'invalid'})",
+    )
+
+
+def test_a_valid_straddle_is_not_a_product_grid() -> None:
+    reaches(
+        near_grid_layouts(),
+        lambda lk: reference.is_valid(lk[0]) and not _is_grid_of_cells(lk[0]),
+        "a valid near-grid that is not a product grid",
+    )
+
+
+def test_large_grids_reach_hundreds_of_shards_empties_and_replicas() -> None:
+    strat = large_grid_layouts()
+    reaches(strat, lambda lay: len(lay.shards) >= 200, "a grid of 200 shards or more")
+    reaches(
+        strat,
+        lambda lay: _large(lay) and any(s.box.is_empty for s in lay.shards),
+        "a large grid with an empty shard",
+    )
+    reaches(
+        strat,
+        lambda lay: len({s.box for s in lay.shards}) < len(lay.shards),
+        "a large grid with a replica",
+    )
+    reaches(strat, lambda lay: lay.ndim == 3, "a 3-D large grid")
+
+
+def test_large_chunkings_are_valid_or_one_row_off() -> None:
+    strat = large_chunk_layouts()
+    reaches(strat, lambda lay: _large(lay) and reference.is_valid(lay), "a valid large chunking")
+    reaches(strat, lambda lay: not reference.is_valid(lay), "a large chunking one row off")
+    reaches(
+        strat,
+        lambda lay: sum(s.box.is_empty for s in lay.shards) >= 2,
+        "a large chunking with more ranks than rows",
+    )
+
+
+def test_chunkings_reach_many_ranks_and_rank_gaps() -> None:
+    strat = chunkings_with_many_ranks()
+    reaches(strat, lambda lay: len(set(lay.ranks)) >= LARGE_FROM, f">= {LARGE_FROM} ranks")
+    reaches(
+        strat,
+        lambda lay: len(lay.ranks) >= 3 and max(lay.ranks) >= 2 * len(lay.ranks),
+        "ranks numbered with gaps",
+    )
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_malformed_json_reaches_every_fault(fault: str) -> None:
+    reaches(malformed_layout_json(), lambda m: m.fault == fault, f"a text with fault {fault!r}")
+
+
+def _sizes(c: dict[str, Any]) -> set[int]:
+    return {e["tensor"].element_size() for e in c["entries"]}
+
+
+def test_state_dicts_mix_element_sizes_into_non_contiguous_outs() -> None:
+    strat = state_dict_cases()
+    reaches(strat, lambda c: {1, 8} <= _sizes(c), "1-byte and 8-byte tensors in one state dict")
+    reaches(strat, lambda c: {1, 2, 4} <= _sizes(c), "1-, 2- and 4-byte tensors together")
+    reaches(
+        strat,
+        lambda c: any(e["out"] == "strided" and e["tensor"].numel() > 1 for e in c["entries"]),
+        "a strided out= view",
+    )
+    reaches(
+        strat,
+        lambda c: any(
+            e["out"] == "transposed" and e["tensor"].dim() >= 2 and min(e["tensor"].shape) > 1
+            for e in c["entries"]
+        ),
+        "a transposed (non-contiguous) out= view",
+    )
+    reaches(
+        strat,
+        lambda c: any(e["out"] == "offset" for e in c["entries"]),
+        "an out= view at an offset",
+    )
+    reaches(
+        strat,
+        lambda c: (
+            any(not e["src"].boxes_of(r) for e in c["entries"] for r in range(c["world"]))
+            and c["world"] > 1
+        ),
+        "a rank holding no source shard of a key",
+    )
+    reaches(
+        strat,
+        lambda c: (
+            c["budget"] is not None
+            and sum(e["tensor"].numel() * e["tensor"].element_size() for e in c["entries"])
+            > c["budget"]
+        ),
+        "a buffer bound smaller than the data",
+    )
+    reaches(
+        strat,
+        lambda c: any(e["tensor"].dtype == torch.bool for e in c["entries"]),
+        "a bool tensor in the stream",
+    )
+
+
+def test_flatten_cases_leave_a_rank_with_nothing_local() -> None:
+    strat = flatten_cases()
+    reaches(
+        strat,
+        lambda c: len(c["owners"]) < c["mesh"][0] * c["mesh"][1],
+        "a rank holding nothing of the buffer",
+    )
+    reaches(
+        strat,
+        lambda c: c["mesh"][0] > 1 and c["mesh"][1] > 1 and c["tp_dim"] > 0,
+        "a 2-D mesh with TP on a dim other than 0",
+    )
+    reaches(
+        strat,
+        lambda c: c["weight"].shape[0] < c["mesh"][0],
+        "fewer weight rows than FSDP ranks (an empty FSDP chunk)",
+    )

@@ -17,7 +17,15 @@ from typing import Any
 
 from shardspec.metadata import Box, Layout
 
-__all__ = ["IMPLS", "Impl", "Unsupported", "get_impl", "impl_name"]
+__all__ = [
+    "IMPLS",
+    "Impl",
+    "Unsupported",
+    "checkpoint_storage",
+    "get_impl",
+    "impl_name",
+    "read_regions",
+]
 
 
 class Unsupported(Exception):
@@ -103,6 +111,20 @@ class Impl:
         """The layout a JSON text holds; raises ``shardspec.metadata.LayoutError`` naming the
         JSON path of the bad field when the text is malformed."""
         raise self.unsupported("the serialized layout form")
+
+    # checkpoints (CKPT-*, spec/09-checkpoint.md)
+    def checkpoint_accepts(self, shape: Sequence[int], chunks: Sequence[Box]) -> bool:
+        """True when the implementation's check of a tensor's saved chunks (CKPT-1) accepts
+        ``chunks`` (chunk ``i`` is the i-th box) of a tensor of ``shape``."""
+        raise self.unsupported("checking a checkpoint's chunks")
+
+    def checkpoint_reads(
+        self, shape: Sequence[int], saved: Sequence[Box], local: Sequence[Box]
+    ) -> list[tuple[int, int, Box]]:
+        """The reads the implementation's load planner makes to fill ``local`` from a
+        checkpoint whose chunks are ``saved`` (CKPT-3): ``(saved index, local index, the
+        region read, in global coordinates)``."""
+        raise self.unsupported("planning checkpoint reads")
 
     # resharding (RESHARD-*)
     def reshard(
@@ -242,6 +264,35 @@ class Impl:
         return self._run_via(  # type: ignore[no-any-return]
             "FSDP + TP chunking", pool, "fsdp.chunk_dtensor", {}, tensors=[tensor], example=example
         )
+
+
+def checkpoint_storage(shape: Sequence[int], chunks: Sequence[Box]) -> Any:
+    import torch
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    return TensorStorageMetadata(
+        TensorProperties(dtype=torch.float32),
+        torch.Size(shape),
+        [ChunkStorageMetadata(torch.Size(b.offsets), torch.Size(b.sizes)) for b in chunks],
+    )
+
+
+def read_regions(items: Any) -> list[tuple[int, int, Box]]:
+    return [
+        (
+            it.storage_index.index,
+            it.dest_index.index,
+            Box(
+                [a + b for a, b in zip(it.storage_index.offset, it.storage_offsets)],
+                list(it.lengths),
+            ),
+        )
+        for it in items
+    ]
 
 
 def impl_name() -> str:

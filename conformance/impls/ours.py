@@ -95,6 +95,28 @@ class ShardspecImpl(Impl):
 
         return layout_from_json(text)
 
+    def checkpoint_accepts(self, shape: Sequence[int], chunks: Sequence[Box]) -> bool:
+        from shardspec.metadata import LayoutError
+        from shardspec.metadata.checkpoint import check_chunks
+
+        try:
+            check_chunks("t", tuple(shape), [(b.offsets, b.sizes) for b in chunks])
+        except LayoutError:
+            return False
+        return True
+
+    def checkpoint_reads(
+        self, shape: Sequence[int], saved: Sequence[Box], local: Sequence[Box]
+    ) -> list[tuple[int, int, Box]]:
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+        from shardspec.reshard.dcp import read_items_for_chunks
+
+        from . import checkpoint_storage, read_regions
+
+        mine = [ChunkStorageMetadata(list(b.offsets), list(b.sizes)) for b in local]
+        return read_regions(read_items_for_chunks("t", checkpoint_storage(shape, saved), mine))
+
     def reshard(
         self,
         pool: Any,

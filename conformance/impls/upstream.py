@@ -157,6 +157,30 @@ class TorchImpl(Impl):
             return _layout(layout.shape, md.shards_metadata)
         return _layout(layout.shape, spec.shards)
 
+    def checkpoint_accepts(self, shape: Sequence[int], chunks: Sequence[Box]) -> bool:
+        from torch.distributed.checkpoint.default_planner import _validate_global_plan
+        from torch.distributed.checkpoint.metadata import Metadata
+
+        from . import checkpoint_storage
+
+        if not shape:
+            raise self.unsupported("_validate_global_plan skips 0-d tensors")
+        md = Metadata({"t": checkpoint_storage(shape, chunks)})
+        return not _validate_global_plan([], md)
+
+    def checkpoint_reads(
+        self, shape: Sequence[int], saved: Sequence[Box], local: Sequence[Box]
+    ) -> list[tuple[int, int, Box]]:
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+        from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+        from . import checkpoint_storage, read_regions
+
+        mine = [ChunkStorageMetadata(list(b.offsets), list(b.sizes)) for b in local]
+        return read_regions(
+            create_read_items_for_chunk_list("t", checkpoint_storage(shape, saved), mine)
+        )
+
     def reshard(
         self,
         pool: Any,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import find, settings
+from hypothesis import Phase, find, settings
 from hypothesis.errors import NoSuchExample
 
 from conformance import reference
@@ -27,12 +27,15 @@ from conformance.strategies_json import FAULTS, malformed_layout_json
 from conformance.strategies_streams import flatten_cases, state_dict_cases
 from shardspec.metadata import Layout
 
-FIND = settings(max_examples=300, database=None)
+# Found, not shrunk: shrinking a 300-shard layout costs minutes and proves nothing more.
+FIND = settings(max_examples=300, database=None, phases=[Phase.generate])
 
 
-def reaches(strategy: Any, condition: Callable[[Any], bool], what: str) -> None:
+def reaches(
+    strategy: Any, condition: Callable[[Any], bool], what: str, tries: settings = FIND
+) -> None:
     try:
-        find(strategy, condition, settings=FIND)
+        find(strategy, condition, settings=tries)
     except NoSuchExample:  # pragma: no cover - the failure this test exists for
         pytest.fail(f"{strategy!r} never produced {what}")
 
@@ -106,14 +109,17 @@ def test_chunkings_reach_many_ranks_and_rank_gaps() -> None:
     reaches(strat, lambda lay: len(set(lay.ranks)) >= LARGE_FROM, f">= {LARGE_FROM} ranks")
     reaches(
         strat,
-        lambda lay: len(lay.ranks) >= 3 and max(lay.ranks) >= 2 * len(lay.ranks),
+        lambda lay: len(set(lay.ranks)) >= 3 and max(lay.ranks) >= 2 * len(set(lay.ranks)) - 1,
         "ranks numbered with gaps",
     )
 
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_malformed_json_reaches_every_fault(fault: str) -> None:
-    reaches(malformed_layout_json(), lambda m: m.fault == fault, f"a text with fault {fault!r}")
+    many = settings(FIND, max_examples=2000)  # small texts: cheap to draw
+    reaches(
+        malformed_layout_json(), lambda m: m.fault == fault, f"a text with fault {fault!r}", many
+    )
 
 
 def _sizes(c: dict[str, Any]) -> set[int]:

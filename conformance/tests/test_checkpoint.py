@@ -58,8 +58,21 @@ def load_cases(draw: st.DrawFn) -> tuple[Layout, Layout, int]:
     return saved, local, draw(st.sampled_from(sorted(local.ranks) or [0]))
 
 
+ZERO_LENGTH_READ = (
+    Layout((2,), [Shard(Box((0,), (1,)), 0), Shard(Box((1,), (0,)), 0), Shard(Box((1,), (1,)), 0)]),
+    Layout((2,), [Shard(Box((0,), (2,)), 0)]),
+    0,
+)
+
+
 @pytest.mark.rule("CKPT-3")
+@pytest.mark.known_defect(
+    "torch",
+    "create_read_items_for_chunk_list emits a zero-length read for a zero-size saved chunk "
+    "inside a local chunk (its overlap test counts a touching empty box)",
+)
 @given(load_cases())
+@example(ZERO_LENGTH_READ)
 def test_a_load_reads_exactly_the_overlaps(impl: Impl, c: tuple[Layout, Layout, int]) -> None:
     saved, local, rank = c
     saved_boxes = [s.box for s in saved.shards]

@@ -45,9 +45,9 @@ TABLE_WISE_4 = {"t0": S("table_wise", 3), "t1": S("table_wise", 2), "t2": S("tab
 def test_torchrec_checkpoint_saved_on_4_loads_on_2_and_4(
     ranks2: Any, ranks4: Any, tmp_path: Path
 ) -> None:
-    ranks4.run(save_ebc, str(tmp_path), ROW_WISE_4)
+    ranks4.call(save_ebc, str(tmp_path), ROW_WISE_4)
     for pool, spec in ((ranks2, COLUMN_WISE_2), (ranks4, TABLE_WISE_4), (ranks4, COLUMN_WISE_4)):
-        bad = [m for r in pool.run(load_ebc, str(tmp_path), spec) for m in r]
+        bad = [m for r in pool.call(load_ebc, str(tmp_path), spec) for m in r]
         assert not bad, bad
 
 
@@ -55,8 +55,8 @@ def test_torchrec_checkpoint_saved_on_4_loads_on_2_and_4(
 def test_torchrec_checkpoint_saved_on_2_loads_on_4(
     ranks2: Any, ranks4: Any, tmp_path: Path
 ) -> None:
-    ranks2.run(save_ebc, str(tmp_path), ROW_WISE_2)
-    bad = [m for r in ranks4.run(load_ebc, str(tmp_path), COLUMN_WISE_4) for m in r]
+    ranks2.call(save_ebc, str(tmp_path), ROW_WISE_2)
+    bad = [m for r in ranks4.call(load_ebc, str(tmp_path), COLUMN_WISE_4) for m in r]
     assert not bad, bad
 
 
@@ -64,7 +64,7 @@ def test_torchrec_checkpoint_saved_on_2_loads_on_4(
 def test_torchrec_checkpoint_inspected(
     ranks4: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ranks4.run(save_ebc, str(tmp_path), ROW_WISE_4)
+    ranks4.call(save_ebc, str(tmp_path), ROW_WISE_4)
     assert main(["inspect", str(tmp_path), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     got = {t["fqn"]: t for t in doc["tensors"]}

@@ -51,6 +51,8 @@ def max_world_size() -> int:
     """The largest world size the suite uses (``SHARDSPEC_MAX_WORLD``, default 4; on NCCL at
     most the number of GPUs)."""
     w = int(os.environ.get("SHARDSPEC_MAX_WORLD", "4"))
+    if os.environ.get("SHARDSPEC_LAUNCHED") == "1":  # the launcher's ranks besides the driver
+        return min(w, int(os.environ.get("WORLD_SIZE", "1")) - 1)
     if backend() == "nccl":
         w = min(w, cuda_devices())
     return w
@@ -69,6 +71,14 @@ def skip_reason(
     at SHARDSPEC_MAX_WORLD."""
     name = backend_name or backend()
     n = cuda_devices() if device_count is None else device_count
+    if os.environ.get("SHARDSPEC_LAUNCHED") == "1":
+        ranks = int(os.environ.get("WORLD_SIZE", "1")) - 1
+        if world_size > ranks:
+            return (
+                f"world size {world_size} needs {world_size} launcher ranks besides the "
+                f"driver; torchrun started {ranks}"
+            )
+        return None
     if name == "nccl":
         if world_size > n:
             return (

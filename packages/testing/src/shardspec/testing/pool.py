@@ -124,11 +124,13 @@ class RankFailure:
 class _Worker:
     rank: int
     proc: subprocess.Popen[bytes]
-    log: Path
+    log: Path | None
     sock: socket.socket | None = None
 
 
-def _tail(path: Path, n: int = 15) -> str:
+def _tail(path: Path | None, n: int = 15) -> str:
+    if path is None:
+        return ""
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
@@ -621,10 +623,13 @@ _POOLS: dict[tuple[Any, ...], RankPool] = {}
 def get_pool(world_size: int, **options: Any) -> RankPool:
     """The process-wide pool of ``world_size`` ranks with these :class:`RankPool` options
     (started on first use, shut down at exit or by :func:`shutdown_pools`)."""
+    from .launched import LaunchedPool, is_launched
+
     key = (world_size, json.dumps(options, sort_keys=True, default=str))
     pool = _POOLS.get(key)
     if pool is None:
-        pool = _POOLS[key] = RankPool(world_size, **options)
+        kind = LaunchedPool if is_launched() else RankPool
+        pool = _POOLS[key] = kind(world_size, **options)
     return pool
 
 

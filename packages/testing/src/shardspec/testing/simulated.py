@@ -112,14 +112,15 @@ class SimulatedPool:
         self,
         world_size: int,
         *,
-        timeout: float = 120.0,
+        timeout: float | None = None,
         ops: Sequence[str] = (),
         error_grace: float = 2.0,
     ) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.world_size = world_size
-        self.timeout = timeout
+        # Every collective of a simulated world runs its W*W bookkeeping on one core.
+        self.timeout = 120.0 + 0.5 * world_size if timeout is None else timeout
         self.error_grace = error_grace
         self.ops = tuple(ops)
         self.generation = 0

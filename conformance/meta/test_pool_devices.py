@@ -37,3 +37,13 @@ def test_launcher_rank_reads_torchrun_env(monkeypatch: pytest.MonkeyPatch) -> No
     assert launcher_rank() == 0
     monkeypatch.setenv("RANK", "3")
     assert launcher_rank() == 3
+
+
+def test_gloo_ranks_share_the_gpus_with_cuda_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    # one GPU, four gloo ranks: all on cuda:0; NCCL would need four
+    monkeypatch.setattr("shardspec.testing.devices.cuda_devices", lambda: 1)
+    assert [rank_device(r, "gloo", "cuda") for r in range(4)] == ["cuda:0"] * 4
+    assert skip_reason(4, backend_name="gloo", device="cuda", device_count=1, max_world=4) is None
+    reason = skip_reason(1, backend_name="gloo", device="cuda", device_count=0, max_world=4)
+    assert reason is not None and "needs a CUDA GPU" in reason
+    assert rank_device(2, "gloo", "cpu") == "cpu"

@@ -244,7 +244,8 @@ def _serve(rank: int, store: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Launcher rank 0: run pytest with ``argv`` as the driver; other ranks: serve it."""
+    """Launcher rank 0: run pytest with ``argv`` as the driver (or ``--script PATH ARGS``);
+    other ranks: serve it."""
     args = sys.argv[1:] if argv is None else argv
     rank = int(os.environ["RANK"])
     if _single_node():
@@ -266,9 +267,15 @@ def main(argv: list[str] | None = None) -> int:
 
     this._HUB = _Hub(listener, token, launched_world())
     os.environ["SHARDSPEC_LAUNCHED"] = "1"
-    import pytest
-
     try:
+        if args[:1] == ["--script"]:  # a driver script instead of pytest (the benchmark)
+            import runpy
+
+            sys.argv = [args[1], *args[2:]]
+            runpy.run_path(args[1], run_name="__main__")
+            return 0
+        import pytest
+
         return int(pytest.main(args))
     finally:
         for conn in this._HUB.conns:

@@ -188,7 +188,7 @@ def _serve(rank: int, store: Any) -> None:
     import torch.distributed as dist
 
     from .ops import Context, warm_up
-    from .worker import _reply_to_call, _reply_to_run
+    from .worker import answer
 
     host, port, token = store.get(_KEY).decode().split(" ")
     sock = socket.create_connection((host, int(port)))
@@ -229,16 +229,7 @@ def _serve(rank: int, store: Any) -> None:
             except Exception as e:
                 send_frame(sock, {"kind": "failed", "error": repr(e)})
             continue
-        if ctx is None:
-            reply: Any = {"ok": False, "phase": "decode", "error": "this rank is in no world"}
-            out: list[bytes] = []
-        elif kind == "call":
-            reply, out = _reply_to_call(ctx, header, bufs)
-        else:
-            reply, out = _reply_to_run(ctx, header, bufs)
-        try:
-            send_frame(sock, reply, out)
-        except OSError:
+        if not answer(sock, ctx, header, bufs):
             break
     sock.close()
 

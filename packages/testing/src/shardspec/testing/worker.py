@@ -103,17 +103,26 @@ def serve(sock: socket.socket, ctx: Any) -> None:
             header, bufs = recv_frame(sock)
         except (EOFError, OSError):
             break  # the driver is gone
-        kind = header.get("kind")
-        if kind == "exit":
+        if header.get("kind") == "exit" or not answer(sock, ctx, header, bufs):
             break
-        if kind == "call":
-            reply, out = _reply_to_call(ctx, header, bufs)
-        else:
-            reply, out = _reply_to_run(ctx, header, bufs)
-        try:
-            send_frame(sock, reply, out)
-        except OSError:
-            break
+
+
+def answer(sock: socket.socket, ctx: Any, header: dict[str, Any], bufs: list[bytearray]) -> bool:
+    """Run a ``call`` or ``run`` frame and send the reply; False once the driver is gone."""
+    from .protocol import send_frame
+
+    if ctx is None:
+        reply: Any = {"ok": False, "phase": "decode", "error": "this rank is in no world"}
+        out: list[bytes] = []
+    elif header.get("kind") == "call":
+        reply, out = _reply_to_call(ctx, header, bufs)
+    else:
+        reply, out = _reply_to_run(ctx, header, bufs)
+    try:
+        send_frame(sock, reply, out)
+    except OSError:
+        return False
+    return True
 
 
 def main() -> None:

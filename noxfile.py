@@ -113,6 +113,8 @@ def conformance_launched(session: nox.Session) -> None:
     pools (gloo on loopback; 5 processes, so world sizes 1-4 as in `conformance`)."""
     rest = install_stack(session)
     session.env["SHARDSPEC_IMPL"] = "shardspec"
+    # Launcher ranks cannot be restarted after a timeout, so a slow machine must not cause one.
+    session.env["SHARDSPEC_POOL_TIMEOUT"] = os.environ.get("SHARDSPEC_POOL_TIMEOUT", "60")
     nproc = os.environ.get("SHARDSPEC_LAUNCH_NPROC", "5")
     session.run(
         "torchrun",

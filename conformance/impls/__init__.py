@@ -248,6 +248,9 @@ class Impl:
         ``value["keys"]`` (the keys kept), ``value["entries"][key]`` (``layout`` JSON and
         ``local`` boxes of each ShardedTensor kept) and the local data, entries in key order."""
         args = {"mesh": list(mesh), "tp_dim": tp_dim, "owners": list(owners)}
+        # The first example on a pool builds a 2-D mesh and its sub-groups, which on a loaded
+        # machine takes longer than the per-example default; a hang is still caught.
+        timeout = max(60.0, float(getattr(pool, "timeout", 0.0) or 0.0))
         return self._run_via(  # type: ignore[no-any-return]
             "flattening nested ShardedTensors",
             pool,
@@ -255,6 +258,7 @@ class Impl:
             args,
             tensors=[weight, buf],
             example=example,
+            timeout=timeout,
         )
 
     def fsdp_chunk_dtensor(self, pool: Any, tensor: Any, example: str) -> list[Any]:

@@ -3,36 +3,62 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set as AbstractSet
 from typing import Any
 
-from .errors import LayoutError
+from .errors import LayoutError, shorten
 
-__all__ = ["Box", "as_index", "as_index_tuple"]
+__all__ = ["Box", "as_index", "as_index_tuple", "require_sequence"]
 
 
 def as_index_tuple(values: Iterable[Any], what: str) -> tuple[int, ...]:
     """Return ``values`` as a tuple of non-negative Python ints, refusing anything else.
 
     bool is refused because ``True`` silently passing as ``1`` hides swapped arguments, and
-    floats are refused because a layout with ``2.0`` rows is a bug upstream of us.
+    floats are refused because a layout with ``2.0`` rows is a bug upstream of us. Only an
+    ordered, re-readable sequence is taken (tuple, list, ``torch.Size``, range, a 1-d integer
+    array or tensor): a str or bytes is text, a set or dict has no order of its own, and a
+    generator is used up by the first reader.
     """
     plain = _plain_index_tuple(values)
     if plain is not None:
         return plain
+    require_sequence(values, what, "integers")
     try:
         items = tuple(values)
-    except TypeError:  # an int where a sequence belongs: say so instead of "not iterable"
-        raise LayoutError(f"{what} must be a sequence of integers, got {values!r}") from None
+    except Exception:  # an int where a sequence belongs, a 0-d array: say so, not "not iterable"
+        raise LayoutError(
+            f"{what} must be a sequence of integers, got {shorten(values)} "
+            f"({type(values).__name__})"
+        ) from None
     out: list[int] = []
     for v in items:
         i = _to_int(v)
         if i is None:
-            raise LayoutError(f"{what} must be integers, got {v!r} in {items!r}")
+            raise LayoutError(
+                f"{what} must be integers, got {type(v).__name__} {shorten(v)} in {shorten(items)}"
+            )
         if i < 0:
-            raise LayoutError(f"{what} must be non-negative, got {i} in {items!r}")
+            raise LayoutError(f"{what} must be non-negative, got {shorten(i)} in {shorten(items)}")
         out.append(i)
     return tuple(out)
+
+
+def require_sequence(values: object, what: str, items: str) -> None:
+    """Refuse what iterates but is no ordered sequence of ``items`` (see
+    :func:`as_index_tuple`), with a :class:`LayoutError` that says what came instead."""
+    why = None
+    if isinstance(values, (str, bytes, bytearray, memoryview)):
+        why = "text or bytes"
+    elif isinstance(values, (AbstractSet, Mapping)):
+        why = "unordered"
+    elif isinstance(values, Iterator):
+        why = "a one-shot iterator: pass a tuple or list"
+    if why is not None:
+        raise LayoutError(
+            f"{what} must be a sequence of {items}, got {shorten(values)} "
+            f"({type(values).__name__}: {why})"
+        )
 
 
 def _plain_index_tuple(values: Any) -> tuple[int, ...] | None:
@@ -67,7 +93,7 @@ def _to_int(v: Any) -> int | None:
         return None
     try:
         return int(v.__index__())
-    except TypeError:  # a multi-element tensor or array has __index__ but refuses it
+    except Exception:  # a multi-element tensor or array has __index__ but refuses it
         return None
 
 
@@ -76,7 +102,7 @@ def as_index(value: Any, what: str) -> int:
     0-d torch integers, as upstream callers hand them over), never a bool or a float."""
     i = _to_int(value)
     if i is None:
-        raise LayoutError(f"{what} must be an int, got {value!r}")
+        raise LayoutError(f"{what} must be an int, got {type(value).__name__} {shorten(value)}")
     return i
 
 
@@ -156,7 +182,7 @@ class Box:
         return (self.offsets, self.sizes) < (other.offsets, other.sizes)
 
     def __repr__(self) -> str:
-        return f"Box(offsets={self.offsets}, sizes={self.sizes})"
+        return f"Box(offsets={show_ints(self.offsets)}, sizes={show_ints(self.sizes)})"
 
     @property
     def ndim(self) -> int:
@@ -195,7 +221,7 @@ class Box:
         """
         if not isinstance(other, Box) or self.ndim != other.ndim:
             why = "ndim differs" if isinstance(other, Box) else "it is not a Box"
-            raise LayoutError(f"cannot intersect {self} with {other!r}: {why}")
+            raise LayoutError(f"cannot intersect {self} with {shorten(other)}: {why}")
         offs: list[int] = []
         sizes: list[int] = []
         for a, sa, b, sb in zip(self.offsets, self.sizes, other.offsets, other.sizes):
@@ -213,7 +239,7 @@ class Box:
     def relative_to(self, outer: Box) -> Box:
         """This box in the coordinates of ``outer`` (which must contain it)."""
         if not isinstance(outer, Box):
-            raise LayoutError(f"{self} can only be made relative to a Box, got {outer!r}")
+            raise LayoutError(f"{self} can only be made relative to a Box, got {shorten(outer)}")
         if (
             not all(
                 o >= oo and o + s <= oo + os_
@@ -227,6 +253,13 @@ class Box:
     def __iter__(self) -> Iterator[tuple[int, int]]:
         """Iterate (offset, size) per dim."""
         return iter(zip(self.offsets, self.sizes))
+
+
+def show_ints(values: tuple[int, ...]) -> str:
+    # Exact for every box a tensor can have; only ints too long to print are shortened.
+    if all(v.bit_length() <= 256 for v in values):
+        return repr(values)
+    return "(" + ", ".join(map(shorten, values)) + ("," if len(values) == 1 else "") + ")"
 
 
 # The slots' own setters: Box.__setattr__ refuses every write after construction.

@@ -17,11 +17,15 @@ if TYPE_CHECKING:
 
     from .layout import Shard
 
-__all__ = ["COLUMNS_FROM", "Columns", "shard_columns"]
+__all__ = ["COLUMNS_FROM", "INT_LIMIT", "Columns", "shard_columns"]
 
 # Below this many shards the pure-Python checks beat NumPy's per-call overhead (measured by
 # bench_validate.py); above it the layout keeps columns.
 COLUMNS_FROM = 64
+
+# The largest value a column may hold: the validator adds an offset to a size, and the sum of
+# two values up to 2**62 - 1 still fits int64. Larger ones would wrap silently in NumPy.
+INT_LIMIT = 2**62 - 1
 
 _box_sizes = attrgetter("box.sizes")
 
@@ -43,8 +47,8 @@ class Columns:
 
 def shard_columns(shards: Sequence[Shard], ndim: int) -> Columns | None:
     """The shards as columns, or None when they cannot be: a shard with another number of
-    dims than ``ndim``, or a value beyond int64 (the validator then reports it from the
-    shards themselves)."""
+    dims than ``ndim``, or a value above :data:`INT_LIMIT` (the validator then reports it from
+    the shards themselves, in exact Python ints)."""
     import numpy as np
 
     m = len(shards)
@@ -58,6 +62,8 @@ def shard_columns(shards: Sequence[Shard], ndim: int) -> Columns | None:
             count=m * width,
         ).reshape(m, width)
     except OverflowError:
+        return None
+    if m and int(rows.max()) > INT_LIMIT:
         return None
     by_dim = rows.T.copy()  # per-dim rows are contiguous: every later pass is per dim
     return Columns(by_dim[:ndim], by_dim[ndim : 2 * ndim], by_dim[2 * ndim])

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set as AbstractSet
 from itertools import repeat
 from typing import Any
 
-from .box import Box, _to_int, as_index_tuple
+from .box import Box, _to_int, as_index_tuple, show_ints
 from .columns import COLUMNS_FROM, Columns, shard_columns
-from .errors import LayoutError
+from .errors import LayoutError, shorten
 from .validate import validate_layout
 
 __all__ = ["Layout", "Shard", "require_layout"]
@@ -29,14 +29,14 @@ class Shard:
         # Written out rather than a frozen dataclass: layouts hold millions of shards, and the
         # generated __init__ plus __post_init__ cost twice this.
         if type(box) is not Box and not isinstance(box, Box):
-            raise LayoutError(f"Shard.box must be a Box, got {box!r}")
+            raise LayoutError(f"Shard.box must be a Box, got {type(box).__name__}: {shorten(box)}")
         if type(rank) is not int:  # numpy / torch ints from upstream code become plain ints
             plain = _to_int(rank)
             if plain is None:
-                raise LayoutError(f"Shard.rank must be a non-negative int, got {rank!r}")
+                raise LayoutError(f"Shard.rank must be a non-negative int, got {shorten(rank)}")
             rank = plain
         if rank < 0:
-            raise LayoutError(f"Shard.rank must be a non-negative int, got {rank!r}")
+            raise LayoutError(f"Shard.rank must be a non-negative int, got {shorten(rank)}")
         _set_box(self, box)
         _set_rank(self, rank)
 
@@ -58,7 +58,8 @@ class Shard:
         return hash((self.box, self.rank))
 
     def __repr__(self) -> str:
-        return f"Shard(rank={self.rank}, offsets={self.box.offsets}, sizes={self.box.sizes})"
+        box = repr(self.box)  # "Box(offsets=..., sizes=...)", long ints shortened
+        return f"Shard(rank={shorten(self.rank)}, {box[4:-1]})"
 
 
 # The slots' own setters: Shard.__setattr__ refuses every write after construction.
@@ -89,11 +90,16 @@ class Layout:
     def __init__(self, shape: Sequence[int], shards: Iterable[Shard]) -> None:
         shape_t = as_index_tuple(shape, "Layout shape")
         object.__setattr__(self, "shape", shape_t)
-        shards_t = tuple(shards)
+        if type(shards) is tuple:
+            shards_t: tuple[Shard, ...] = shards
+        else:
+            shards_t = _shard_tuple(shards)
         if not all(map(isinstance, shards_t, repeat(Shard))):
             for i, s in enumerate(shards_t):
                 if not isinstance(s, Shard):
-                    raise LayoutError(f"Layout shard #{i} must be a Shard, got {s!r}")
+                    raise LayoutError(
+                        f"Layout shard #{i} must be a Shard, got {type(s).__name__}: {shorten(s)}"
+                    )
         object.__setattr__(self, "shards", shards_t)
         columns = shard_columns(shards_t, len(shape_t)) if len(shards_t) >= COLUMNS_FROM else None
         object.__setattr__(self, "_columns", columns)
@@ -173,7 +179,7 @@ class Layout:
             )
         else:
             body = ", ".join(repr(s) for s in self.shards)
-        return f"Layout(shape={self.shape}, shards=[{body}])"
+        return f"Layout(shape={show_ints(self.shape)}, shards=[{body}])"
 
     def validate(self) -> Layout:
         """Check every layout rule; raise :class:`LayoutError` naming the offending shards.
@@ -204,17 +210,34 @@ class Layout:
                 new = mapping[s.rank]
             except (KeyError, IndexError, TypeError):
                 raise LayoutError(
-                    f"with_ranks: the mapping {mapping!r} gives no new rank for rank {s.rank}"
+                    f"with_ranks: the mapping {shorten(mapping)} gives no new rank for rank "
+                    f"{s.rank}"
                 ) from None
             out.append(Shard(s.box, new))
         return Layout(self.shape, out)
+
+
+def _shard_tuple(shards: Iterable[Shard]) -> tuple[Shard, ...]:
+    # Shard order is local storage order, so an unordered collection cannot stand for it; a
+    # generator is fine here (it is read once, in order).
+    if isinstance(shards, (str, bytes, bytearray, memoryview, AbstractSet, Mapping)):
+        raise LayoutError(
+            f"Layout shards must be an ordered iterable of Shard (a list or tuple), got "
+            f"{type(shards).__name__}: {shorten(shards)}"
+        )
+    try:
+        return tuple(shards)
+    except LayoutError:
+        raise
+    except Exception as e:  # Layout(shape, 5): name the argument, not "int is not iterable"
+        raise LayoutError(
+            f"Layout shards must be an iterable of Shard, got {type(shards).__name__}: "
+            f"{shorten(shards)} ({type(e).__name__}: {shorten(str(e))})"
+        ) from None
 
 
 def require_layout(value: object, where: str) -> None:
     """Refuse anything but a :class:`Layout` with a :class:`LayoutError` that says what came
     instead (a shard list, a torch spec), rather than an AttributeError further in."""
     if not isinstance(value, Layout):
-        text = repr(value)
-        if len(text) > 80:
-            text = text[:77] + "..."
-        raise LayoutError(f"{where} needs a Layout, got {type(value).__name__}: {text}")
+        raise LayoutError(f"{where} needs a Layout, got {type(value).__name__}: {shorten(value)}")

@@ -16,7 +16,7 @@ from itertools import chain
 from typing import Any, NoReturn
 
 from .box import Box
-from .errors import LayoutError
+from .errors import LayoutError, shorten
 from .layout import Layout, Shard, require_layout
 
 __all__ = [
@@ -66,9 +66,11 @@ def layout_from_json(text: str | bytes) -> Layout:
     try:
         data = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant)
     except _DuplicateKey as e:
-        raise LayoutError(f"layout JSON: duplicate key {e.args[0]!r} in an object") from None
+        raise LayoutError(f"layout JSON: duplicate key {shorten(e.args[0])} in an object") from None
     except ValueError as e:  # json.JSONDecodeError, and NaN/Infinity from _no_constant
         raise LayoutError(f"layout JSON is not valid JSON: {e}") from None
+    except RecursionError:  # "[" * 10**5: no layout nests deeper than three levels
+        raise LayoutError("layout JSON nests too deeply to be a layout") from None
     return layout_from_dict(data)
 
 
@@ -76,12 +78,14 @@ def layout_from_dict(data: Any) -> Layout:
     """Build a layout from the dict form, strictly (see the module docstring)."""
     _check_keys(data, _TOP_KEYS, "$")
     if data["format"] != FORMAT:
-        raise LayoutError(f"layout JSON: $.format must be {FORMAT!r}, got {data['format']!r}")
+        raise LayoutError(
+            f"layout JSON: $.format must be {FORMAT!r}, got {shorten(data['format'])}"
+        )
     version = data["version"]
     if type(version) is not int or version != VERSION:
         raise LayoutError(
             f"layout JSON: $.version must be {VERSION} (this reader knows version {VERSION} "
-            f"only), got {version!r}"
+            f"only), got {shorten(version)}"
         )
     shape = _ints(data["shape"], "$.shape")
     shards_in = data["shards"]
@@ -139,7 +143,9 @@ def _no_constant(name: str) -> Any:
 
 
 def _kind(v: Any) -> str:
-    return f"{type(v).__name__} {v!r}" if not isinstance(v, (list, dict)) else type(v).__name__
+    if isinstance(v, (list, dict)):
+        return type(v).__name__
+    return f"{type(v).__name__} {shorten(v)}"
 
 
 def _check_keys(obj: Any, keys: tuple[str, ...], path: str) -> None:
@@ -151,7 +157,7 @@ def _check_keys(obj: Any, keys: tuple[str, ...], path: str) -> None:
     extra = sorted(str(k) for k in obj if k not in keys)
     if extra:
         raise LayoutError(
-            f"layout JSON: {path} has unknown key {extra[0]!r} (allowed: {', '.join(keys)})"
+            f"layout JSON: {path} has unknown key {shorten(extra[0])} (allowed: {', '.join(keys)})"
         )
 
 
@@ -194,5 +200,5 @@ def _ints(value: Any, path: str) -> tuple[int, ...]:
 
 def _bad_int(v: Any, path: str) -> NoReturn:
     if type(v) is int:
-        raise LayoutError(f"layout JSON: {path} must be a non-negative integer, got {v}")
+        raise LayoutError(f"layout JSON: {path} must be a non-negative integer, got {shorten(v)}")
     raise LayoutError(f"layout JSON: {path} must be a non-negative integer, got {_kind(v)}")

@@ -18,7 +18,9 @@ The algorithm, and why it is fast:
 
 Steps 1 and 2 exist twice with the same verdicts (the tests hold them to it): plain Python
 over the shards, for small layouts, where NumPy's per-call overhead would dominate; and NumPy
-over the columns a large layout keeps (:mod:`.columns`). Where several faults exist the report
+over the columns a large layout keeps (:mod:`.columns`). A layout with a number above
+``INT_LIMIT`` (2**62 - 1, so that an offset plus a size still fits int64) takes the Python
+path whatever its size: Python ints are exact. Where several faults exist the report
 is fixed: ndim, then bounds (the first shard out), then duplicates (the first shard that
 repeats an earlier one), then an overlap before a gap.
 """
@@ -31,9 +33,9 @@ from itertools import repeat
 from operator import add, attrgetter, contains, gt
 from typing import TYPE_CHECKING, NoReturn
 
-from .box import Box
-from .columns import Columns
-from .errors import LayoutError
+from .box import Box, show_ints
+from .columns import INT_LIMIT, Columns
+from .errors import LayoutError, shorten
 from .guillotine import Bounds, Gap, Overlap, Problem, find_overlap, solve
 from .guillotine_levels import find_problem_columns, fits
 
@@ -51,7 +53,7 @@ _rank = attrgetter("rank")
 
 def validate_layout(layout: Layout) -> None:
     columns = layout._columns
-    if columns is None:
+    if columns is None or max(layout.shape, default=0) > INT_LIMIT:
         validate_shards(layout)
     else:
         validate_columns(layout, columns)
@@ -281,7 +283,7 @@ def _require_shards(layout: Layout) -> None:
     if math.prod(shape) != 0:
         point = (0,) * len(shape)
         raise LayoutError(
-            f"the shards do not cover the tensor: element {point} of shape {shape} "
+            f"the shards do not cover the tensor: element {point} of shape {show_ints(shape)} "
             f"is held by no shard (the layout has no shards)",
             kind="gap",
             point=point,
@@ -321,8 +323,8 @@ def _check_cover(layout: Layout, picked: list[int]) -> None:
 
 def _raise_gap(layout: Layout, point: tuple[int, ...]) -> NoReturn:
     raise LayoutError(
-        f"the shards do not cover the tensor: element {point} of shape {layout.shape} "
-        f"is held by no shard ({len(layout.shards)} shards)",
+        f"the shards do not cover the tensor: element {show_ints(point)} of shape "
+        f"{show_ints(layout.shape)} is held by no shard ({len(layout.shards)} shards)",
         kind="gap",
         point=point,
     )
@@ -337,7 +339,7 @@ def _raise_overlap(
     raise LayoutError(
         f"shards overlap: {_describe(box_a, shards, holders_a)} and "
         f"{_describe(box_b, shards, holders_b)} share {box_a.intersect(box_b)} "
-        f"(layout shape {layout.shape}); replicas must be identical boxes",
+        f"(layout shape {show_ints(layout.shape)}); replicas must be identical boxes",
         kind="overlap",
         shards=(a, b),
     )
@@ -346,8 +348,8 @@ def _raise_overlap(
 def _raise_ndim(layout: Layout, i: int) -> NoReturn:
     s = layout.shards[i]
     raise LayoutError(
-        f"shard #{i} on rank {s.rank} has {s.box.ndim} dims but the layout shape "
-        f"{layout.shape} has {layout.ndim}: {s.box}",
+        f"shard #{i} on rank {shorten(s.rank)} has {s.box.ndim} dims but the layout shape "
+        f"{show_ints(layout.shape)} has {layout.ndim}: {s.box}",
         kind="ndim",
         shards=(i,),
     )
@@ -357,9 +359,9 @@ def _raise_bounds(layout: Layout, i: int) -> NoReturn:
     shape, box, rank = layout.shape, layout.shards[i].box, layout.shards[i].rank
     d = next(d for d in range(len(shape)) if box.offsets[d] + box.sizes[d] > shape[d])
     raise LayoutError(
-        f"shard #{i} on rank {rank} is out of bounds in dim {d}: {box} ends "
-        f"at {box.offsets[d] + box.sizes[d]} but the dim has size {shape[d]} "
-        f"(layout shape {shape})",
+        f"shard #{i} on rank {shorten(rank)} is out of bounds in dim {d}: {box} ends "
+        f"at {shorten(box.offsets[d] + box.sizes[d])} but the dim has size {shorten(shape[d])} "
+        f"(layout shape {show_ints(shape)})",
         kind="bounds",
         shards=(i,),
     )
@@ -368,7 +370,7 @@ def _raise_bounds(layout: Layout, i: int) -> NoReturn:
 def _raise_duplicate(layout: Layout, i: int, j: int) -> NoReturn:
     s = layout.shards[i]
     raise LayoutError(
-        f"shards #{i} and #{j} are the same box {s.box} twice on rank {s.rank}",
+        f"shards #{i} and #{j} are the same box {s.box} twice on rank {shorten(s.rank)}",
         kind="duplicate",
         shards=(i, j),
     )
@@ -377,5 +379,5 @@ def _raise_duplicate(layout: Layout, i: int, j: int) -> NoReturn:
 def _describe(box: Box, shards: tuple[Shard, ...], holders: list[int]) -> str:
     ranks = [shards[i].rank for i in holders]
     idx = ", ".join(f"#{i}" for i in holders)
-    who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+    who = f"rank {shorten(ranks[0])}" if len(ranks) == 1 else f"ranks {shorten(ranks)}"
     return f"shard {idx} {box} on {who}"

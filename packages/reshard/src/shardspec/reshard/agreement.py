@@ -1,7 +1,8 @@
 """The collective checks that run before any data moves.
 
-Every rank all-gathers one fixed-size record: four short digests (keys and shapes, source
-layouts, destination layouts, ``max_buffer_bytes``) and the result of its own input checks.
+Every rank all-gathers one fixed-size record: the number of this call on the group, four short
+digests (keys and shapes, source layouts, destination layouts, ``max_buffer_bytes``) and the
+result of its own input checks.
 Every rank then applies the same rule to the same gathered bytes, so they all raise the same
 :class:`ReshardError`, or all go on. A disagreement therefore ends in an error that names the
 ranks and what they disagree on, never in a hang or a gloo size-mismatch abort. The records
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -31,11 +33,13 @@ __all__ = [
     "dtype_code",
     "dtype_from_code",
     "dtypes_digest",
+    "next_call",
 ]
 
 DIGEST_PARTS = ("keys and shapes", "source layouts", "destination layouts", "max_buffer_bytes")
 _DIGEST = 8
-_TAIL = 1 + _DIGEST + 8  # knows every dtype, digest of the dtypes, rounds this rank needs
+# knows every dtype, digest of the dtypes, rounds this rank needs, number of the call
+_TAIL = 1 + _DIGEST + 8 + 8
 _MSG = 512 - len(DIGEST_PARTS) * _DIGEST - 5 - _TAIL
 _RECORD = 512
 
@@ -109,6 +113,31 @@ def _all_gather_bytes(
     return [bytes(p.cpu().numpy().tobytes()) for p in parts]
 
 
+# Calls of reshard per process group, counted on every rank. A group object dies with its
+# destruction, and a new one starts again at 0 on every rank alike.
+_CALLS: weakref.WeakKeyDictionary[dist.ProcessGroup, int] = weakref.WeakKeyDictionary()
+
+
+def _world_if_none(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    import torch.distributed as dist
+
+    pg = dist.group.WORLD if group is None else group
+    assert pg is not None, "no default process group"
+    return pg
+
+
+def next_call(group: dist.ProcessGroup | None) -> int:
+    """The number of this reshard call on ``group`` (1, 2, ...), counted on this rank.
+
+    It travels in the agreement record: ranks whose counts differ are not in the same call
+    (one left an earlier call early, or started a retry while the others still wait), and
+    they all raise instead of completing each other's collectives with the wrong data."""
+    pg = _world_if_none(group)
+    n = _CALLS.get(pg, 0) + 1
+    _CALLS[pg] = n
+    return n
+
+
 def dtypes_digest(codes: Sequence[int]) -> bytes:
     return hashlib.blake2b(bytes(codes), digest_size=_DIGEST).digest()
 
@@ -121,16 +150,19 @@ def agree_on_inputs(
     *,
     codes: Sequence[int] | None = None,
     rounds: int = 0,
+    call: int | None = None,
 ) -> int | None:
     """Raise the same ReshardError on every rank unless all ranks are fine and agree.
 
-    A rank that knows the dtype of every tensor passes their ``codes`` and the ``rounds`` it
-    needs. When every rank did and their dtypes agree, the agreed number of rounds (the
-    maximum) is returned and no further collective is needed; otherwise None, and the caller
-    agrees on the dtypes and the rounds separately (every rank takes the same branch, as they
-    decide on the same gathered bytes).
+    ``call`` is this call's number on the group (:func:`next_call`); ranks at different
+    calls raise first, whatever else their records say. A rank that knows the dtype of
+    every tensor passes their ``codes`` and the ``rounds`` it needs. When every rank did and
+    their dtypes agree, the agreed number of rounds (the maximum) is returned and no further
+    collective is needed; otherwise None, and the caller agrees on the dtypes and the rounds
+    separately (every rank takes the same branch, as they decide on the same gathered bytes).
     """
     msg = (error or "").encode("utf-8", "replace")[:_MSG]
+    call = 0 if call is None else call
     record = digest.ljust(len(DIGEST_PARTS) * _DIGEST, b"\0")
     record += bytes([1 if error is not None else 0]) + len(msg).to_bytes(4, "little")
     record += msg.ljust(_MSG, b"\0")
@@ -138,8 +170,26 @@ def agree_on_inputs(
     record += bytes([1 if known else 0])
     record += dtypes_digest(codes) if known and codes is not None else bytes(_DIGEST)
     record += max(rounds, 0).to_bytes(8, "little")
+    record += call.to_bytes(8, "little")
     records = _all_gather_bytes(record.ljust(_RECORD, b"\0"), group, device)
     n = len(DIGEST_PARTS) * _DIGEST
+    tail = n + 5 + _MSG
+    at = tail + 9 + _DIGEST
+    calls = [int.from_bytes(rec[at : at + 8], "little") for rec in records]
+    if len(set(calls)) > 1:
+        # Resynchronise: the next call is one past the furthest any rank got, on every rank,
+        # so the group is usable again once each rank has seen this error.
+        _CALLS[_world_if_none(group)] = max(calls)
+        by_call: dict[int, list[int]] = {}
+        for rank, c in enumerate(calls):
+            by_call.setdefault(c, []).append(rank)
+        sides = " vs ".join(f"ranks {r} at call {c}" for c, r in sorted(by_call.items()))
+        raise ReshardError(
+            f"reshard: the ranks are in different calls on this group ({sides}): a rank left "
+            "an earlier call early (its error was caught and the call retried) or called "
+            "reshard fewer times. No data was moved; every rank raised this error, and the "
+            "group is usable again."
+        )
     problems = []
     for rank, rec in enumerate(records):
         if rec[n]:
@@ -160,7 +210,6 @@ def agree_on_inputs(
                 f"reshard: the ranks disagree on the {name}: {sides}; every rank of the group "
                 "must pass the same src, dst, shapes and max_buffer_bytes. No data was moved."
             )
-    tail = n + 5 + _MSG
     if (
         all(rec[tail] for rec in records)
         and len({rec[tail + 1 : tail + 1 + _DIGEST] for rec in records}) == 1

@@ -3,9 +3,11 @@
 How one call runs on every rank of the group:
 
 1. Plan each tensor for this rank only (:func:`shardspec.reshard.plan` with ``rank``), and
-   check the local input (count, shapes, dtype, device of the source shards).
-2. Agree (see :mod:`shardspec.reshard.agreement`): digests of keys, shapes, layouts and
-   ``max_buffer_bytes``, each rank's input verdict, and (when it knows every dtype) a digest
+   check everything about this rank's own arguments (:mod:`shardspec.reshard.checks`: the
+   device, and the count, shape, dtype, device, kind and aliasing of the source shards and
+   ``out=`` tensors). Nothing raises yet: the verdict goes into step 2.
+2. Agree (see :mod:`shardspec.reshard.agreement`): the call's number on the group, digests
+   of keys, shapes, layouts and ``max_buffer_bytes``, each rank's input verdict, and (when it knows every dtype) a digest
    of the dtypes and the rounds it needs are all-gathered: usually the only extra collective.
    Otherwise the dtypes are gathered and the rounds all-reduced. Any problem raises the same
    error on every rank before data moves.
@@ -41,10 +43,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shardspec.metadata import Box, Layout
+from shardspec.metadata import Layout
 
-from .agreement import agree_on_dtypes, agree_on_inputs, digests, dtype_code, dtype_from_code
+from .agreement import (
+    agree_on_dtypes,
+    agree_on_inputs,
+    digests,
+    dtype_code,
+    dtype_from_code,
+    next_call,
+)
 from .blocks import flat_blocks
+from .checks import check_device, check_tensors, find_overlap, has_internal_overlap
 from .errors import ReshardError
 from .planner import Piece, Plan, plan
 
@@ -79,8 +89,9 @@ def reshard(
     (default: CUDA for an NCCL group, else CPU).
 
     ``out``: tensors to write the result into (one per destination shard of this rank, of its
-    shape and the tensors' dtype, not overlapping the inputs), which are returned. Checked on
-    every rank before data moves, like the inputs.
+    shape and the tensors' dtype, on the outputs' device, sharing no memory with an input or
+    another output), which are returned. Checked on every rank before data moves, like the
+    inputs: any bad argument on any rank raises the same :class:`ReshardError` on every rank.
     """
     result = reshard_state_dict(
         {"": local_shards},
@@ -120,7 +131,13 @@ def reshard_state_dict(
     world = dist.get_world_size(group)
     if rank < 0:
         raise ReshardError("reshard: this process is not a member of the group it was given")
-    dev = _pick_device(state, device, group, out)
+    backend = str(dist.get_backend(group))
+    # The agreement's own tensors live where the backend surely takes them, whatever the
+    # caller's device argument says: checking that argument is part of the agreement.
+    comm = torch.device("cpu")
+    if backend == "nccl":
+        comm = torch.device("cuda", torch.cuda.current_device())
+    call = next_call(group)
 
     keys: list[str] = []
     error: str | None = None
@@ -129,6 +146,7 @@ def reshard_state_dict(
     codes: list[int] = []
     streams: _Streams | None = None
     need = 0
+    dev = torch.device("cpu")
     try:
         keys = _check_keys(state, src_layouts, dst_layouts)
         if out is not None and set(out) != set(keys):
@@ -145,6 +163,8 @@ def reshard_state_dict(
             raise ReshardError(
                 f"max_buffer_bytes must be a positive int or None, got {max_buffer_bytes!r}"
             )
+        dev = _pick_device(state, device, group, out)
+        check_device(dev, backend, f"device {dev} (where rank {rank}'s outputs go)")
         for key in keys:
             job, code = _prepare(
                 key,
@@ -159,6 +179,7 @@ def reshard_state_dict(
             )
             jobs.append(job)
             codes.append(code)
+        _check_aliasing(jobs, rank)
         # Usually every rank knows every dtype (it holds a shard of each tensor, or was told),
         # and one all-gather settles everything: inputs, agreement, dtypes and the rounds.
         if all(codes):
@@ -168,13 +189,13 @@ def reshard_state_dict(
     except Exception as e:  # any local failure must reach the others, or they would hang
         error = f"{type(e).__name__}: {e}"
         streams = None
-    rounds = agree_on_inputs(digest, error, group, dev, codes=codes, rounds=need)
+    rounds = agree_on_inputs(digest, error, group, comm, codes=codes, rounds=need, call=call)
     if rounds is None:
-        resolved = agree_on_dtypes(keys, codes, group, dev)
+        resolved = agree_on_dtypes(keys, codes, group, comm)
         _set_dtypes(jobs, resolved)
         streams = _Streams(jobs, rank, world)
         agreed = torch.tensor(
-            [streams.rounds_needed(max_buffer_bytes)], dtype=torch.int64, device=dev
+            [streams.rounds_needed(max_buffer_bytes)], dtype=torch.int64, device=comm
         )
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
         rounds = int(agreed.item())
@@ -224,7 +245,15 @@ def _pick_device(
     import torch.distributed as dist
 
     if device is not None:
-        return torch.device(device)
+        if not isinstance(device, (torch.device, str)):
+            raise ReshardError(f"device must be a torch.device or str, got {device!r}")
+        try:
+            dev = torch.device(device)
+        except RuntimeError as e:  # "bogus": torch's own words say what it expected
+            raise ReshardError(f"device {device!r} is not a device: {e}") from None
+        if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
+            dev = torch.device("cuda", torch.cuda.current_device())
+        return dev
     for tensors in (*state.values(), *(out or {}).values()):
         for t in tensors:
             if isinstance(t, torch.Tensor):
@@ -273,22 +302,23 @@ def _prepare(
                 f"{what}the {name} layout names ranks {bad}, but the group has {world} ranks"
             )
     p = plan(src, dst, rank)
-    inputs = list(tensors)
+    inputs = _tensor_list(tensors, f"{what}the local shards of rank {rank}")
     dtype = None if dtypes is None else dtypes.get(key)
-    dtype = _check_tensors(
+    dtype = check_tensors(
         inputs, src.boxes_of(rank), dtype, what, rank, "local shard", "local shards", "source"
     )
-    for t in inputs:
-        if t.device != inputs[0].device:
+    for i, t in enumerate(inputs):
+        if dev is not None and t.device != dev:
             raise ReshardError(
-                f"{what}local shards on rank {rank} are on {inputs[0].device} and {t.device}"
+                f"{what}local shard #{i} on rank {rank} is on {t.device}, but the outputs go "
+                f"to {dev}: pass the shards on one device and device= only where they are"
             )
     given = None
     if out is not None:
-        given = list(out)
+        given = _tensor_list(out, f"{what}the out tensors of rank {rank}")
         # A rank without source shards learns the dtype from its out tensors; a clash with
         # another rank's dtype is then caught by the dtype agreement.
-        dtype = _check_tensors(
+        dtype = check_tensors(
             given, dst.boxes_of(rank), dtype, what, rank, "out", "out tensors", "destination"
         )
         for i, t in enumerate(given):
@@ -300,43 +330,39 @@ def _prepare(
     return _Job(key, src, dst, p, inputs, given=given), code
 
 
-def _check_tensors(
-    tensors: list[torch.Tensor],
-    boxes: tuple[Box, ...],
-    dtype: torch.dtype | None,
-    what: str,
-    rank: int,
-    item: str,
-    items: str,
-    side: str,
-) -> torch.dtype | None:
-    """Count, type, shape and common dtype of one rank's tensors against its boxes of ``side``.
-
-    Returns the dtype they share (``dtype`` if given, else the first tensor's)."""
+def _tensor_list(tensors: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]:
     import torch
 
-    if len(tensors) != len(boxes):
+    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
         raise ReshardError(
-            f"{what}rank {rank} passed {len(tensors)} {items} but owns {len(boxes)} "
-            f"{side} boxes {list(boxes)}"
+            f"{what} must be a list of tensors (one per box), got a {type(tensors).__name__}"
         )
-    for i, (t, box) in enumerate(zip(tensors, boxes)):
-        if not isinstance(t, torch.Tensor):
+    return list(tensors)
+
+
+def _check_aliasing(jobs: list[_Job], rank: int) -> None:
+    """``out`` tensors are written while inputs are still being read, and a tensor written
+    twice keeps one of the values: any memory shared with an input or another output would
+    return wrong data with no error."""
+    inputs = []
+    outputs = []
+    for job in jobs:
+        what = f"tensor {job.key!r} " if job.key else ""
+        inputs += [(f"{what}local shard #{i}", t) for i, t in enumerate(job.inputs)]
+        for i, t in enumerate(job.given or ()):
+            name = f"{what}out #{i}"
+            if has_internal_overlap(t):
+                raise ReshardError(
+                    f"{name} on rank {rank} has elements that share memory (an expanded "
+                    "tensor?): every element of an output must be its own"
+                )
+            outputs.append((name, t))
+    if outputs:
+        clash = find_overlap(inputs, outputs)
+        if clash is not None:
             raise ReshardError(
-                f"{what}{item} #{i} on rank {rank} is a {type(t).__name__}, not a tensor"
+                f"on rank {rank}, {clash}: out= tensors must not overlap the inputs or each other"
             )
-        if tuple(t.shape) != box.sizes:
-            raise ReshardError(
-                f"{what}{item} #{i} on rank {rank} has shape {tuple(t.shape)} but its "
-                f"{side} box {box} has sizes {box.sizes}"
-            )
-        if dtype is None:
-            dtype = t.dtype
-        elif t.dtype != dtype:
-            raise ReshardError(
-                f"{what}{item} #{i} on rank {rank} has dtype {t.dtype}, expected {dtype}"
-            )
-    return dtype
 
 
 def _rel(

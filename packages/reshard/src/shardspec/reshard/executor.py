@@ -7,8 +7,9 @@ How one call runs on every rank of the group:
    device, and the count, shape, dtype, device, kind and aliasing of the source shards and
    ``out=`` tensors). Nothing raises yet: the verdict goes into step 2.
 2. Agree (see :mod:`shardspec.reshard.agreement`): the call's number on the group, digests
-   of keys, shapes, layouts and ``max_buffer_bytes``, each rank's input verdict, and (when it knows every dtype) a digest
-   of the dtypes and the rounds it needs are all-gathered: usually the only extra collective.
+   of keys, shapes, layouts and ``max_buffer_bytes``, each rank's input verdict, and (when
+   it knows every dtype) a digest of the dtypes and the rounds it needs are all-gathered:
+   usually the only extra collective.
    Otherwise the dtypes are gathered and the rounds all-reduced. Any problem raises the same
    error on every rank before data moves.
 3. Local pieces are copied directly into the outputs (never sent to another rank).

@@ -8,7 +8,18 @@ from typing import Any
 
 import pytest
 
-from shardspec.metadata import Box, Layout, LayoutError, Shard, chunk_layout, layout_from_json
+from shardspec.metadata import (
+    Box,
+    ChunkSpec,
+    Layout,
+    LayoutError,
+    Shard,
+    chunk_bounds,
+    chunk_layout,
+    chunk_size,
+    infer_spec,
+    layout_from_json,
+)
 
 HUGE_TEXT = "x" * (10 << 20)
 
@@ -140,3 +151,26 @@ def test_shorten_keeps_short_values_whole_and_cuts_long_ones() -> None:
 def test_deeply_nested_json_is_a_layout_error(text: str) -> None:
     with pytest.raises(LayoutError, match=r"nests too deeply|not valid JSON"):
         layout_from_json(text)
+
+
+@pytest.mark.rule("LAYOUT-7")
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: chunk_size(-(10**5000), 1),
+        lambda: chunk_size(4, -(10**5000)),
+        lambda: chunk_bounds(5, 2**64),
+        lambda: chunk_layout((4,), 10**5000, [0]),
+        lambda: ChunkSpec(0, [10**5000, 10**5000]),
+        lambda: infer_spec("x" * (10 << 20)),
+    ],
+    ids=["size", "count", "2**64 chunks", "dim", "ranks", "not a layout"],
+)
+def test_chunk_rule_and_specs_refuse_huge_values_in_short_messages(
+    build: Callable[[], object],
+) -> None:
+    # str() of an int above 4300 digits raises ValueError; a list of 2**64 bounds would
+    # exhaust memory before anything could be reported.
+    with pytest.raises(LayoutError) as ei:
+        build()
+    assert len(str(ei.value)) < 400

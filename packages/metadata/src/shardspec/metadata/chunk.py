@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .box import Box, as_index, as_index_tuple
-from .errors import LayoutError
+from .box import Box, as_index, as_index_tuple, show_ints
+from .errors import LayoutError, shorten
 from .layout import Layout, Shard
 
-__all__ = ["chunk_bounds", "chunk_layout", "chunk_size"]
+__all__ = ["MAX_CHUNKS", "chunk_bounds", "chunk_layout", "chunk_size"]
+
+# A chunk per rank: no process group comes near this, and a list of 2**64 bounds (what a
+# malformed count asks for) would exhaust memory before anything could be reported.
+MAX_CHUNKS = 1 << 24
 
 
 def chunk_size(n: int, k: int) -> int:
@@ -16,9 +20,11 @@ def chunk_size(n: int, k: int) -> int:
     if type(n) is not int or type(k) is not int:  # the fast path is plain ints
         n, k = as_index(n, "chunked dim size"), as_index(k, "number of chunks")
     if n < 0:
-        raise LayoutError(f"cannot chunk a dim of size {n}: sizes are non-negative")
+        raise LayoutError(f"cannot chunk a dim of size {shorten(n)}: sizes are non-negative")
     if k <= 0:
-        raise LayoutError(f"cannot chunk into {k} pieces: the number of chunks must be positive")
+        raise LayoutError(
+            f"cannot chunk into {shorten(k)} pieces: the number of chunks must be positive"
+        )
     return -(-n // k)
 
 
@@ -31,6 +37,11 @@ def chunk_bounds(n: int, k: int) -> list[tuple[int, int]]:
     """
     split = chunk_size(n, k)
     n, k = int(n), int(k)  # checked by chunk_size
+    if k > MAX_CHUNKS:
+        raise LayoutError(
+            f"cannot chunk into {shorten(k)} pieces: the list of bounds would not fit in memory "
+            f"(at most {MAX_CHUNKS}, more than any process group has ranks)"
+        )
     return [(min(i * split, n), min((i + 1) * split, n)) for i in range(k)]
 
 
@@ -44,13 +55,17 @@ def chunk_layout(shape: Sequence[int], dim: int, ranks: Sequence[int]) -> Layout
     nd = len(shp)
     dim = as_index(dim, "chunk dim")
     if not -nd <= dim < nd or nd == 0:
-        raise LayoutError(f"dim {dim} is out of range for shape {shp} (ndim {nd})")
+        raise LayoutError(
+            f"dim {shorten(dim)} is out of range for shape {show_ints(shp)} (ndim {nd})"
+        )
     dim %= nd
     rks = as_index_tuple(ranks, "ranks")
     if not rks:
         raise LayoutError("chunk_layout needs at least one rank")
     if len(set(rks)) != len(rks):
-        raise LayoutError(f"ranks {rks} name a rank twice; a chunk layout owns one box per rank")
+        raise LayoutError(
+            f"ranks {shorten(rks)} name a rank twice; a chunk layout owns one box per rank"
+        )
     shards = []
     for (start, stop), rank in zip(chunk_bounds(shp[dim], len(rks)), rks):
         offsets = (0,) * dim + (start,) + (0,) * (nd - dim - 1)

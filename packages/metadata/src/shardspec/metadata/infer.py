@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .box import Box
 from .chunk import chunk_bounds
-from .errors import LayoutError
+from .errors import LayoutError, shorten
 from .layout import Layout
 from .specs import ChunkSpec, EnumerableSpec
 
@@ -22,7 +22,9 @@ def infer_spec(layout: Layout) -> ChunkSpec | EnumerableSpec:
     shards gives the same answer. Raises :class:`LayoutError` for an invalid layout.
     """
     if not isinstance(layout, Layout):
-        raise LayoutError(f"infer_spec needs a Layout, got {type(layout).__name__}: {layout!r}")
+        raise LayoutError(
+            f"infer_spec needs a Layout, got {type(layout).__name__}: {shorten(layout)}"
+        )
     layout.validate()
     spec = chunk_spec_of(layout)
     return spec if spec is not None else EnumerableSpec(layout)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .box import as_index, as_index_tuple
+from .box import as_index, as_index_tuple, show_ints
 from .chunk import chunk_layout
-from .errors import LayoutError
+from .errors import LayoutError, shorten
 from .layout import Layout
 
 __all__ = ["ChunkSpec", "EnumerableSpec", "Spec"]
@@ -35,7 +35,9 @@ class ChunkSpec:
         if not rks:
             raise LayoutError("ChunkSpec needs at least one rank")
         if len(set(rks)) != len(rks):
-            raise LayoutError(f"ChunkSpec ranks {rks} name a rank twice; each rank holds one chunk")
+            raise LayoutError(
+                f"ChunkSpec ranks {shorten(rks)} name a rank twice; each rank holds one chunk"
+            )
         object.__setattr__(self, "dim", dim)
         object.__setattr__(self, "ranks", rks)
 
@@ -52,7 +54,7 @@ class EnumerableSpec:
 
     def __init__(self, layout: Layout) -> None:
         if not isinstance(layout, Layout):
-            raise LayoutError(f"EnumerableSpec needs a Layout, got {layout!r}")
+            raise LayoutError(f"EnumerableSpec needs a Layout, got {shorten(layout)}")
         layout.validate()
         object.__setattr__(self, "enumerated", layout)
 
@@ -66,7 +68,7 @@ class EnumerableSpec:
         if shp != self.enumerated.shape:
             raise LayoutError(
                 f"EnumerableSpec was written for shape {self.enumerated.shape}, "
-                f"not {shp}: an enumerated layout does not rescale"
+                f"not {show_ints(shp)}: an enumerated layout does not rescale"
             )
         return self.enumerated
 

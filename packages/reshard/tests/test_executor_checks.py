@@ -5,7 +5,7 @@ a call early cannot complete the others' call with its retry."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -19,7 +19,7 @@ from reshard_fault_cases import (
 
 from shardspec.metadata import chunk_layout
 from shardspec.reshard import reference
-from shardspec.reshard.testing import RankPool
+from shardspec.testing import RankFailure, RankPool, get_pool
 
 WORLD = 4
 SHAPE = (8, 6)
@@ -28,18 +28,15 @@ SRC = chunk_layout(SHAPE, 0, [0, 1, 2, 3])
 DST = chunk_layout(SHAPE, 0, [1, 2, 3, 0])
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[RankPool]:
-    # A short error grace: a rank left waiting in a collective fails the test in seconds.
-    p = RankPool(WORLD, timeout=60, error_grace=10)
-    yield p
-    p.close()
+@pytest.fixture
+def pool() -> RankPool:
+    return get_pool(WORLD, timeout=120)  # the session's pool of the executor tests
 
 
-def _all_raise(answers: list[tuple[object, ...]], *needles: str) -> str:
-    assert all(a[0] == "err" for a in answers), f"not every rank raised: {answers}"
-    assert {a[1] for a in answers} == {"ReshardError"}, answers
-    messages = {str(a[2]) for a in answers}
+def _all_raise(answers: list[Any], *needles: str) -> str:
+    assert all(isinstance(a, RankFailure) for a in answers), f"not every rank raised: {answers}"
+    assert {a.type_name for a in answers} == {"ReshardError"}, answers
+    messages = {a.message for a in answers}
     assert len(messages) == 1, f"ranks raised different messages: {messages}"
     msg = messages.pop()
     for n in needles:
@@ -54,7 +51,7 @@ def _expected(full: torch.Tensor) -> dict[int, list[torch.Tensor]]:
 
 def _still_works(pool: RankPool, full: torch.Tensor) -> None:
     """Nothing was left half-sent: the group runs a good call right after, correctly."""
-    got = pool.run(run_aliased, per_rank=[(SRC, DST, full, -1, "")] * WORLD)
+    got = pool.call(run_aliased, per_rank=[(SRC, DST, full, -1, "")] * WORLD)
     want = _expected(full)
     for r in range(WORLD):
         assert all(reference.same_bits(a, b) for a, b in zip(got[r], want[r]))
@@ -72,7 +69,7 @@ def _still_works(pool: RankPool, full: torch.Tensor) -> None:
 )
 def test_out_sharing_memory_with_an_input_raises_on_every_rank(pool: RankPool, how: str) -> None:
     full = random_tensor(SHAPE, torch.float32, 21)
-    answers = pool.run_all(run_aliased, per_rank=[(SRC, DST, full, 2, how)] * WORLD)
+    answers = pool.call_all(run_aliased, per_rank=[(SRC, DST, full, 2, how)] * WORLD)
     _all_raise(answers, "rank 2", "out #0", "no data was moved")
     _still_works(pool, full)
 
@@ -80,7 +77,7 @@ def test_out_sharing_memory_with_an_input_raises_on_every_rank(pool: RankPool, h
 @pytest.mark.rule("RESHARD-9")
 def test_out_sharing_memory_with_another_out_raises_on_every_rank(pool: RankPool) -> None:
     full = random_tensor(SHAPE, torch.int64, 22)
-    answers = pool.run_all(run_outputs_aliased, per_rank=[(SRC, DST, full, 1)] * WORLD)
+    answers = pool.call_all(run_outputs_aliased, per_rank=[(SRC, DST, full, 1)] * WORLD)
     _all_raise(answers, "rank 1", "tensor 'b' out #0", "tensor 'a' out #0")
 
 
@@ -89,7 +86,7 @@ def test_views_of_one_storage_that_share_no_element_are_fine(pool: RankPool) -> 
     # Input in the even columns, out in the odd columns of one buffer: their byte ranges
     # cross, their elements do not, and the result must be the reference's.
     full = random_tensor(SHAPE, torch.float64, 23)
-    got = pool.run(
+    got = pool.call(
         run_aliased, per_rank=[(SRC, DST, full, 3, "interleaved, sharing no element")] * WORLD
     )
     want = _expected(full)
@@ -115,7 +112,7 @@ if not torch.cuda.is_available():
 def test_one_rank_bad_argument_raises_on_every_rank(pool: RankPool, how: str, says: str) -> None:
     dtype = torch.complex64 if "conjugate" in how else torch.float32
     full = random_tensor(SHAPE, dtype, 24)
-    answers = pool.run_all(run_spoiled, per_rank=[(SRC, DST, full, 1, how)] * WORLD)
+    answers = pool.call_all(run_spoiled, per_rank=[(SRC, DST, full, 1, how)] * WORLD)
     _all_raise(answers, "rank 1", says)
     _still_works(pool, random_tensor(SHAPE, torch.float32, 25))
 
@@ -126,6 +123,6 @@ def test_a_retry_never_completes_another_ranks_call(pool: RankPool) -> None:
     others still wait in the first call: the call numbers differ, so every rank raises
     instead of the others returning rank 2's retry data. The group is usable right after."""
     full = random_tensor(SHAPE, torch.float32, 26)
-    answers = pool.run_all(run_retry_after_leaving, per_rank=[(SRC, DST, full, 2)] * WORLD)
+    answers = pool.call_all(run_retry_after_leaving, per_rank=[(SRC, DST, full, 2)] * WORLD)
     _all_raise(answers, "different calls", "ranks [0, 1, 3] at call", "ranks [2] at call")
     _still_works(pool, full)

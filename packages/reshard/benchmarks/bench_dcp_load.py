@@ -245,28 +245,36 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=3, help="timed loads per planner (default 3)")
     ap.add_argument("--quick", action="store_true", help="small cases: a smoke run, not figures")
+    ap.add_argument(
+        "--cases",
+        default="many,grid,inspect",
+        help="comma-separated subset of many, grid, inspect (default: all)",
+    )
     args = ap.parse_args()
+    cases = set(args.cases.split(","))
     if args.quick and not QUICK:
         os.environ["SHARDSPEC_BENCH_QUICK"] = "1"
         os.execv(sys.executable, [sys.executable, *sys.argv])
     rows = []
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
-        pools = {4: RankPool(4, timeout=1200), 2: RankPool(2, timeout=1200)}
+        pools = {w: RankPool(w, timeout=1200) for w in ((2, 4) if "many" in cases else (4,))}
         try:
-            many = str(tmp / "many")
-            pools[4].call(_SAVE, many, "many")
-            for w in (2, 4):
-                r = measure(pools[w], many, "many", args.repeat)
-                rows.append((f"{N_TENSORS} tensors, 4 -> {w} ranks", r))
-            grid = str(tmp / "grid")
-            pools[4].call(_SAVE, grid, "grid")
-            r = measure(pools[4], grid, "grid", 1)
-            rows.append((f"{GRID_CELLS**2} chunks, 4 -> 4 ranks", r))
+            if "many" in cases:
+                many = str(tmp / "many")
+                pools[4].call(_SAVE, many, "many")
+                for w in (2, 4):
+                    r = measure(pools[w], many, "many", args.repeat)
+                    rows.append((f"{N_TENSORS} tensors, 4 -> {w} ranks", r))
+            if "grid" in cases:
+                grid = str(tmp / "grid")
+                pools[4].call(_SAVE, grid, "grid")
+                r = measure(pools[4], grid, "grid", 1)
+                rows.append((f"{GRID_CELLS**2} chunks, 4 -> 4 ranks", r))
         finally:
             for p in pools.values():
                 p.close()
-        ins = bench_inspect(tmp, 1000 if QUICK else 10_000)
+        ins = bench_inspect(tmp, 1000 if QUICK else 10_000) if "inspect" in cases else None
     print("dcp.load, LoadPlanner vs DefaultLoadPlanner (slowest rank; speed-up = default / ours)")
     head = ("case", "ours", "default", "speed-up", "heap ours", "heap default")
     print("{:<28} {:>9} {:>9} {:>9}   {:>11} {:>13}".format(*head))
@@ -276,6 +284,8 @@ def main() -> None:
             f"{name:<28} {r['ours_s']:>8.2f}s {r['default_s']:>8.2f}s {speed:>8.2f}x"
             f"   {_mib(r['ours_peak']):>11} {_mib(r['default_peak']):>13}"
         )
+    if ins is None:
+        return
     ratio = ins["ours_s"] / ins["default_s"]
     print(
         f"\ninspect, {1000 if QUICK else 10000} tensors x 4 chunks: {ins['ours_s']:.2f}s; "

@@ -174,16 +174,16 @@ def _fsdp_chunk_plain(
     return value, [s.tensor for s in st.local_shards()]
 
 
-_OWN_GROUPS: dict[int, Any] = {}
 
 
 def _own_group(ctx: Context) -> Any:
     """A process group of this rank alone (creating groups is collective: every rank creates
     every rank's group, in the same order)."""
-    if ctx.world not in _OWN_GROUPS:
+    # kept on the context: a launched rank's process group is formed again per world size
+    if "own_group" not in ctx.cache:
         groups = [dist.new_group([r]) for r in range(ctx.world)]
-        _OWN_GROUPS[ctx.world] = groups[ctx.rank]
-    return _OWN_GROUPS[ctx.world]
+        ctx.cache["own_group"] = groups[ctx.rank]
+    return ctx.cache["own_group"]
 
 
 @operation("fsdp.chunk_dtensor", collective=True, check=_fsdp_check)

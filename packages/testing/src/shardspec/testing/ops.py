@@ -48,6 +48,8 @@ class Context:
     device_type: str = "cpu"
     group: Any = None
     meshes: dict[tuple[int, ...], Any] = field(default_factory=dict)
+    # what operations build once per process group (subgroups, say): gone with the context
+    cache: dict[str, Any] = field(default_factory=dict)
 
     @property
     def device(self) -> torch.device:

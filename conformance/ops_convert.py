@@ -174,8 +174,6 @@ def _fsdp_chunk_plain(
     return value, [s.tensor for s in st.local_shards()]
 
 
-
-
 def _own_group(ctx: Context) -> Any:
     """A process group of this rank alone (creating groups is collective: every rank creates
     every rank's group, in the same order)."""

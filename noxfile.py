@@ -8,11 +8,13 @@ another, e.g. `nox -s tests -- --torch=2.12.0`. Every other argument after `--` 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import nox
+import tomllib  # the Python 3.11 standard library
 
 ROOT = Path(__file__).parent
 # Dependency order: metadata <- {testing, reshard <- {fsdp, torchrec}}; testing (the rank
@@ -222,3 +224,106 @@ def torchrec(session: nox.Session) -> None:
     rest = install_stack(session)
     install_torchrec(session)
     run_pytest(session, "packages/torchrec/tests", "conformance/tests", "-k", "torchrec", *rest)
+
+
+def distribution(pkg: Path) -> tuple[str, str, list[str]]:
+    """(name, version, dependencies) from a package's pyproject.toml."""
+    project = tomllib.loads((pkg / "pyproject.toml").read_text())["project"]
+    return project["name"], project["version"], list(project.get("dependencies", []))
+
+
+def check_sibling_pins() -> None:
+    """Every shardspec-* dependency names a sibling at exactly its version, so that
+    `pip install --find-links dist` resolves the monorepo's own builds and nothing else."""
+    versions = {name: version for name, version, _ in map(distribution, packages())}
+    for pkg in packages():
+        name, _, deps = distribution(pkg)
+        for dep in deps:
+            if not dep.startswith("shardspec-"):
+                continue
+            pin = re.fullmatch(r"(shardspec-[a-z]+)==([0-9][0-9a-z.]*)", dep)
+            if pin is None or versions.get(pin[1]) != pin[2]:
+                raise RuntimeError(
+                    f"{name} depends on {dep!r}; siblings must be pinned as "
+                    f"NAME==VERSION with the sibling's own version ({versions})"
+                )
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """A wheel and an sdist of every distribution into dist/ (emptied first)."""
+    check_sibling_pins()
+    # One build environment for all of them (hatchling, as the pyprojects require) instead of
+    # an isolated one per wheel and per sdist.
+    session.install("build>=1.2", "hatchling>=1.21")
+    out = ROOT / "dist"
+    shutil.rmtree(out, ignore_errors=True)
+    for pkg in packages():
+        session.run("python", "-m", "build", "--no-isolation", "--outdir", str(out), str(pkg))
+
+
+def sibling_closure(dist: str) -> list[str]:
+    """``dist`` and every shardspec distribution it pulls, directly or not."""
+    deps = {
+        name: [d.split("==")[0] for d in ds if d.startswith("shardspec-")]
+        for name, _, ds in map(distribution, packages())
+    }
+    seen: list[str] = []
+    todo = [dist]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.append(name)
+            todo += deps[name]
+    return seen
+
+
+# The README's examples, each run by `wheels` for every distribution that installs its module.
+EXAMPLES = (
+    ("shardspec.reshard", "reshard_dtensor.py"),
+    ("shardspec.fsdp", "resume_on_another_mesh.py"),
+)
+
+
+@nox.session(requires=["build"])
+def wheels(session: nox.Session) -> None:
+    """What a user does, for every distribution: `pip install --find-links dist <dist>` beside
+    a preinstalled torch, then import it and its siblings from site-packages and run the README
+    example from there (4 gloo ranks under torchrun)."""
+    torch_version, _ = split_args(session)
+    session.install(f"torch=={torch_version}")
+    # Installing torch takes minutes; one venv serves every distribution, put back to
+    # torch-alone between them (every package pip added is removed), which is a fresh venv.
+    stale = [n for n in pip_freeze(session) if n.startswith("shardspec")]  # a reused venv
+    if stale:
+        session.run("python", "-m", "pip", "uninstall", "--yes", *stale)
+    baseline = set(pip_freeze(session))
+    work = Path(session.create_tmp()).resolve()
+    probe = ROOT / ".ci" / "check_installed.py"
+    for dist in (distribution(pkg)[0] for pkg in packages()):
+        session.log(f"--- {dist}, alone, from dist/")
+        session.install("--find-links", str(ROOT / "dist"), dist)
+        session.run("python", "-m", "pip", "check")
+        modules = [n.replace("shardspec-", "shardspec.") for n in sibling_closure(dist)]
+        with session.chdir(work):
+            session.run("python", str(probe), str(ROOT), torch_version, *modules)
+            for module, example in EXAMPLES:
+                if module in modules:
+                    # A copy outside the source tree, run from there: nothing imports the
+                    # checkout.
+                    shutil.copy(ROOT / "examples" / example, work / example)
+                    session.run(
+                        "torchrun",
+                        "--standalone",
+                        "--nproc-per-node",
+                        "4",
+                        str(work / example),
+                        env={"OMP_NUM_THREADS": "1"},
+                    )
+        added = sorted(set(pip_freeze(session)) - baseline)
+        session.run("python", "-m", "pip", "uninstall", "--yes", *added)
+
+
+def pip_freeze(session: nox.Session) -> list[str]:
+    out = session.run("python", "-m", "pip", "freeze", silent=True)
+    return [line.split("==")[0].split(" @ ")[0] for line in str(out).splitlines() if line]

@@ -642,3 +642,107 @@ def hooks_random_world(
         except Exception as e:
             bad.append(f"{where}: {type(e).__name__}: {e}")
     return {"hooks_random": bad, "facts": {"kinds": kinds, "cases": len(cases)}}
+
+
+def _fsdp2(model: nn.Module, mesh: Any, tp_mesh: Any = None) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    if tp_mesh is not None:
+        parallelize_module(model, tp_mesh, tp_plan())
+    for i in LINEARS:
+        fully_shard(model[i], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _full(value: Any) -> torch.Tensor:
+    return value.full_tensor() if hasattr(value, "full_tensor") else value
+
+
+def resume_world(rank: int, world: int) -> dict[str, Any]:
+    """The README's resume-on-another-mesh recipe (FSDP-12): FSDP2 + TP on dp=2 x tp=2 with
+    Adam, one step, then `reshard_for` a model on dp=4 (and one on tp=4), load, and a second
+    step; every parameter and Adam state equals the plain model's after two steps. Then the
+    errors: a shape mismatch raises on every rank, naming the parameter, and nothing hangs."""
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from shardspec.fsdp import reshard_for
+
+    out: dict[str, Any] = {"facts": {}}
+    x = torch.randn(3, DIMS[0], generator=torch.Generator().manual_seed(1))
+    # The reference: the plain model, two Adam steps on the same batch.
+    ref = make_model()
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.1)
+    for _ in range(2):
+        ref_opt.zero_grad()
+        ref(x).sum().backward()
+        ref_opt.step()
+    names = [k for k, _ in ref.named_parameters()]
+    ref_state = {names[i]: s for i, s in enumerate(ref_opt.state.values())}
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    src = _fsdp2(make_model(), mesh["dp"], mesh["tp"])
+    src_opt = torch.optim.Adam(src.parameters(), lr=0.1)
+    src(x).sum().backward()
+    src_opt.step()
+    msd = get_model_state_dict(src)
+    osd = get_optimizer_state_dict(src, src_opt)
+
+    dp4 = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    tp4 = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp", "tp"))
+    for label, dst in (
+        ("dp4", _fsdp2(make_model(seed=5), dp4)),
+        ("tp4", _fsdp2(make_model(seed=6), tp4["dp"], tp4["tp"])),
+    ):
+        opt = torch.optim.Adam(dst.parameters(), lr=0.1)
+        new_msd, new_osd = reshard_for(dst, msd, osd)
+        assert new_osd is not None
+        bad: list[str] = []
+        for fqn, states in new_osd["state"].items():
+            if states["step"] is osd["state"][fqn]["step"]:
+                bad.append(f"{label} {fqn}: step is the source's own object")
+        set_model_state_dict(dst, new_msd)
+        set_optimizer_state_dict(dst, opt, new_osd)
+        opt.zero_grad()
+        dst(x).sum().backward()
+        opt.step()
+        for k, p in dst.named_parameters():
+            if not torch.allclose(_full(p), dict(ref.named_parameters())[k], atol=1e-5, rtol=0):
+                bad.append(f"{label} {k}: parameter after the second step differs")
+            for s in ("exp_avg", "exp_avg_sq"):
+                got = _full(opt.state[p][s])
+                if not torch.allclose(got, ref_state[k][s], atol=1e-5, rtol=0):
+                    bad.append(f"{label} {k}: {s} after the second step differs")
+            if float(opt.state[p]["step"]) != 2.0:
+                bad.append(f"{label} {k}: step is {float(opt.state[p]['step'])}, not 2")
+        out[f"resume_{label}"] = bad
+    # The source's steps were copied, not shared: still 1 after the others took a step.
+    out["resume_source_step"] = [
+        f"source {fqn}: step advanced to {float(s['step'])}"
+        for fqn, s in osd["state"].items()
+        if float(s["step"]) != 1.0
+    ]
+    out["facts"]["resume_states"] = sorted(next(iter(osd["state"].values())))
+
+    # A destination whose first layer is wider: every rank raises naming it, before data moves.
+    wrong = make_model()
+    wrong[0] = nn.Linear(DIMS[0], DIMS[1] + 1)
+    wrong[2] = nn.Linear(DIMS[1] + 1, DIMS[2])
+    _fsdp2(wrong, dp4)
+    try:
+        reshard_for(wrong, msd, osd)
+        out["resume_shape_error"] = "no error"
+    except Exception as e:
+        out["resume_shape_error"] = f"{type(e).__name__}: {e}"
+    # The group still works: nothing is left half-sent.
+    t = torch.ones(1)
+    torch.distributed.all_reduce(t)
+    out["facts"]["after_error_all_reduce"] = float(t)
+    return out

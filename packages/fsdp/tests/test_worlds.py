@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from fsdp_world_checks import fsdp1_world, three_by_two_world, two_by_two_world
+from fsdp_world_checks import fsdp1_world, resume_world, three_by_two_world, two_by_two_world
 
 from shardspec.testing import run_world
 
@@ -254,3 +254,24 @@ def test_hsdp_hooks_on_random_parameters_2x2x2() -> None:
     reports = _reports(run_world(hooks_random_world, 8, 2, 2, random_cases(2, 30), 2, timeout=400))
     _assert_clean(reports, "hooks_random")
     assert sum(reports[0]["facts"]["kinds"].values()) == 30
+
+
+@pytest.fixture(scope="module")
+def resume() -> dict[int, dict[str, Any]]:
+    return _reports(run_world(resume_world, WORLD, timeout=300))
+
+
+@pytest.mark.rule("FSDP-12")
+def test_resume_fsdp2_tp_with_adam_on_dp4_and_tp4(resume) -> None:  # type: ignore[no-untyped-def]
+    assert resume[0]["facts"]["resume_states"] == ["exp_avg", "exp_avg_sq", "step"]
+    for label in ("dp4", "tp4"):
+        _assert_clean(resume, f"resume_{label}")
+    _assert_clean(resume, "resume_source_step")
+
+
+@pytest.mark.rule("FSDP-12")
+def test_resume_shape_mismatch_raises_on_every_rank_naming_the_parameter(resume) -> None:  # type: ignore[no-untyped-def]
+    for r, rep in resume.items():
+        assert "'0.weight'" in rep["resume_shape_error"], (r, rep["resume_shape_error"])
+        assert "no data was moved" in rep["resume_shape_error"], (r, rep["resume_shape_error"])
+        assert rep["facts"]["after_error_all_reduce"] == WORLD

@@ -3,10 +3,15 @@
 :mod:`shardspec.fsdp.rules` says which box every rank holds (plain integers, no torch).
 ``DTensorExtensions`` / ``install`` replace torch's FSDP1 + TP state-dict hooks with ones
 built on those rules, and ``flatten_sharded_tensors`` flattens FSDP1's nested ShardedTensors
-without dropping or misattributing shards. The torch-facing names import torch when first used.
+without dropping or misattributing shards. ``reshard_for`` reshards a model's and its
+optimizer's state dicts for a model on another mesh (resuming there), and ``to_layouts`` /
+``reshard_layouts`` / ``to_state_dict`` are the steps it is made of. The torch-facing names
+import torch when first used.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from shardspec.metadata.lazy import lazy_exports
 
@@ -24,6 +29,17 @@ from .rules import (
     tp_box,
 )
 
+if TYPE_CHECKING:  # the lazy names, typed for mypy and editors
+    from .convert import (
+        model_layouts as model_layouts,
+        reshard_layouts as reshard_layouts,
+        to_layouts as to_layouts,
+        to_state_dict as to_state_dict,
+    )
+    from .extensions import DTensorExtensions as DTensorExtensions, install as install
+    from .flatten import flatten_sharded_tensors as flatten_sharded_tensors
+    from .resume import reshard_for as reshard_for
+
 __all__ = [
     "DTensorExtensions",
     "Placement",
@@ -40,7 +56,12 @@ __all__ = [
     "fsdp_box",
     "fsdp_tp_layout",
     "install",
+    "model_layouts",
     "placements_for_fsdp",
+    "reshard_for",
+    "reshard_layouts",
+    "to_layouts",
+    "to_state_dict",
     "tp_box",
 ]
 
@@ -48,6 +69,11 @@ _LAZY = {
     "DTensorExtensions": "extensions",
     "install": "extensions",
     "flatten_sharded_tensors": "flatten",
+    "model_layouts": "convert",
+    "reshard_layouts": "convert",
+    "to_layouts": "convert",
+    "to_state_dict": "convert",
+    "reshard_for": "resume",
 }
 
 

@@ -171,7 +171,10 @@ class DTensorExtensions(FSDPExtensions):
       the spec's offset; nothing is communicated.
     * ``chunk_dtensor`` returns a DTensor on the root mesh whose local tensor is this rank's
       FSDP chunk of its TP piece, cut locally, with placements that describe exactly that
-      (FSDP-5), or raises ConversionError when no DTensor placements can.
+      (FSDP-5); where no DTensor placements can (7 rows on dp=3 x tp=2), it returns a flat
+      ShardedTensor over the world with the true boxes instead, which DCP saves and
+      ``all_gather_dtensor`` takes back. It raises ConversionError only for what it cannot
+      shard at all: a mesh of fewer than 2 dims, a TP mesh of more than 1, a 0-d tensor.
     * ``all_gather_dtensor`` gathers only along the FSDP dim, with padding for uneven chunks.
     """
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed._shard.sharded_tensor import Shard as STShard
 from torch.distributed._shard.sharded_tensor.api import ShardedTensor
+from torch.distributed._shard.sharded_tensor.shard import Shard as STShard
 from torch.distributed.tensor import DTensor
 
 from shardspec.metadata import Box, ConversionError, Layout, Shard

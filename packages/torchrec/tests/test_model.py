@@ -210,3 +210,10 @@ def test_gathered_dtensor_layout_is_the_plan_layout(ranks4: Any) -> None:
 def test_upstream_dtensor_placements_describe_the_layout(ranks4: Any, plan: str) -> None:
     truth = _truth(ranks4, {plan: PLANS_4[plan]})
     assert all(claim for _, claim in truth.values()), truth
+
+
+@pytest.mark.rule("TORCHREC-19")
+def test_layouts_from_plan_and_read_state_round_trip_on_4_ranks(ranks4: Any) -> None:
+    no_failures(
+        ranks4.run(cases.check_plan_keys_round_trip, PLANS_4["row_wise"], PLANS_4["grid_shard"])
+    )

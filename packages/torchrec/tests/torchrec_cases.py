@@ -64,20 +64,27 @@ def layouts_of(spec: dict[str, tuple[str, tuple[Any, ...], dict[str, Any]]]) -> 
     return {t: layout_for(stype, TABLES[t], *args, **kw) for t, (stype, args, kw) in spec.items()}
 
 
+def module_plan(spec: dict[str, Any]) -> Any:
+    """TorchRec's EmbeddingModuleShardingPlan placing our layouts of ``spec``."""
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan
+
+    from shardspec.torchrec import to_parameter_sharding
+
+    layouts = layouts_of(spec)
+    return EmbeddingModuleShardingPlan(
+        {t: to_parameter_sharding(layouts[t], spec[t][0]) for t in spec}
+    )
+
+
 def shard_with(spec: dict[str, Any], *, output_dtensor: bool = False) -> Any:
     """A meta-device EBC sharded by an explicit plan built from our layouts."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec import EmbeddingBagCollection
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.shard import shard
-    from torchrec.distributed.types import EmbeddingModuleShardingPlan, ShardingEnv
+    from torchrec.distributed.types import ShardingEnv
 
-    from shardspec.torchrec import to_parameter_sharding
-
-    layouts = layouts_of(spec)
-    plan = EmbeddingModuleShardingPlan(
-        {t: to_parameter_sharding(layouts[t], spec[t][0]) for t in spec}
-    )
+    plan = module_plan(spec)
     env = ShardingEnv.from_process_group(dist.group.WORLD)
     env.output_dtensor = output_dtensor
     sharder = EmbeddingBagCollectionSharder(
@@ -371,4 +378,32 @@ def check_in_place(rank: int, world: int, pairs: list[Any]) -> list[str]:
             bad.append(f"{name}: rank {rank} a self-reshard wrote into its own inputs: {calls}")
         bad += _compare_shards(dst, layouts_of(dst_spec), weights, rank, f"{name} (self)")
         bad += _compare_forward(dst, weights, rank, f"{name} (self)")
+    return bad
+
+
+def check_plan_keys_round_trip(rank: int, world: int, src_spec: Any, dst_spec: Any) -> list[str]:
+    """``layouts_from_plan`` fed with ``read_state``'s shapes (state-dict keys) and with table
+    names: both reshard a model's state into the other plan's model (TORCHREC-19)."""
+    from torchrec.distributed.types import ShardingPlan
+
+    from shardspec.torchrec import layouts_from_plan
+    from shardspec.torchrec.model import load_state, read_state, reshard_states
+
+    weights = global_weights(2)
+    src = shard_with(src_spec)
+    fill(src, weights)
+    states = read_state(src)
+    plan = ShardingPlan({"": module_plan(dst_spec)})
+    by_key = layouts_from_plan(plan, {k: s.layout.shape for k, s in states.items()})
+    by_name = layouts_from_plan(plan, {t: TABLES[t] for t in dst_spec})
+    bad: list[str] = []
+    if sorted(by_key) != sorted(key(t) for t in dst_spec) or sorted(by_name) != sorted(dst_spec):
+        bad.append(f"keys: {sorted(by_key)} from read_state's shapes, {sorted(by_name)} by name")
+    for tag, layouts in (("state-dict keys", by_key), ("table names", by_name)):
+        dst = shard_with(dst_spec)
+        load_state(dst, reshard_states(states, layouts))
+        bad += _compare_shards(dst, layouts_of(dst_spec), weights, rank, f"{tag}")
+        mine = read_state(dst, keys=[f"{t}" for t in dst_spec])
+        if sorted(mine) != sorted(key(t) for t in dst_spec):
+            bad.append(f"{tag}: read_state by table name gave {sorted(mine)}")
     return bad

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from shardspec.metadata import Box, ConversionError, Layout, Shard
 from shardspec.reshard import ReshardError, reshard_state_dict
 
+from .keys import resolve_tables
+
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
@@ -95,8 +97,10 @@ def read_state(
     """``{key: TableState}`` for a model (or its ``state_dict()``), on every rank of ``group``.
 
     Layout ranks are ranks within ``group``. Plain tensors are taken as replicated on every
-    rank of the group. ``keys`` restricts the result (default: every tensor). A collective
-    when the state holds DTensors.
+    rank of the group. ``keys`` restricts the result (default: every tensor); a table may be
+    named by its state-dict key, its module path with the table (``"ebc.t0"``) or its name
+    (TORCHREC-19), and the result is keyed by state-dict key. A collective when the state
+    holds DTensors.
     """
     import torch
     import torch.distributed as dist
@@ -110,11 +114,12 @@ def read_state(
     )
     rank = dist.get_rank(group)
     world = dist.get_world_size(group)
-    wanted = sorted(state) if keys is None else sorted(keys)
+    if keys is None:
+        wanted = sorted(state)
+    else:
+        wanted = sorted(set(resolve_tables(keys, state, what="state dict's keys").values()))
     out: dict[str, TableState] = {}
     for key in wanted:
-        if key not in state:
-            raise ConversionError(f"no tensor {key!r} in the state dict; it has {sorted(state)}")
         value = state[key]
         if isinstance(value, ShardedTensor):
             out[key] = _sharded_tensor_state(value, group, rank)
@@ -147,15 +152,22 @@ def reshard_states(
     *,
     max_buffer_bytes: int | None = None,
 ) -> dict[str, TableState]:
-    """This rank's shards of every tensor in its destination layout (no model needed)."""
+    """This rank's shards of every tensor in its destination layout (no model needed), keyed
+    as ``src``; ``dst_layouts`` may name the tables in any of the three forms (TORCHREC-19),
+    e.g. as :func:`layouts_from_plan` keys them, and must name each of ``src``'s."""
+    to_src = resolve_tables(dst_layouts, src, what="source tables")
+    missing = sorted(set(src) - set(to_src.values()))
+    if missing:
+        raise ReshardError(f"dst_layouts has no layout for {missing}")
+    dst = {to_src[k]: layout for k, layout in dst_layouts.items()}
     moved = reshard_state_dict(
         {k: s.shards for k, s in src.items()},
         {k: s.layout for k, s in src.items()},
-        dict(dst_layouts),
+        dst,
         group,
         max_buffer_bytes=max_buffer_bytes,
     )
-    return {k: TableState(dst_layouts[k], v) for k, v in moved.items()}
+    return {k: TableState(dst[k], v) for k, v in moved.items()}
 
 
 def load_state(
@@ -167,10 +179,11 @@ def load_state(
 
     A table whose layout differs from the model's raises :class:`ReshardError` on every rank
     (the layouts are global facts, so all ranks see the same mismatch) before anything is
-    copied.
+    copied. ``states`` may name tables in any of the three forms (TORCHREC-19).
     """
     target = read_state(module_or_state, group, keys=states.keys())
-    _copy_into(target, states)
+    to_key = resolve_tables(states, target, what="model's tables")
+    _copy_into(target, {to_key[k]: v for k, v in states.items()})
 
 
 def _copy_into(target: Mapping[str, TableState], states: Mapping[str, TableState]) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from shardspec.metadata import Box, ConversionError, Layout, Shard
 
+from .keys import resolve_table
 from .layouts import _table_shape
 
 __all__ = [
@@ -85,19 +86,26 @@ def layout_from_parameter_sharding(
 def layouts_from_plan(
     plan: Any, shapes: Mapping[str, Sequence[int]], *, world_size: int | None = None
 ) -> dict[str, Layout]:
-    """``{"<module path>.<table>": Layout}`` for every table of a TorchRec ``ShardingPlan``.
+    """``{key: Layout}`` for every table of a TorchRec ``ShardingPlan`` (TORCHREC-10, -19).
 
-    ``shapes`` maps the same keys (or the bare table names) to ``(rows, cols)``; a plan
-    carries no shapes. A table with no shape raises :class:`ConversionError`.
+    ``shapes`` gives ``(rows, cols)`` per table (a plan carries no shapes), each table named
+    by its module path and name (``"ebc.t0"``), its name alone (``"t0"``) or its state-dict key
+    (``"ebc.embedding_bags.t0.weight"``). A table is keyed in the result as ``shapes`` names
+    it, and as ``"<module path>.<table>"`` where ``shapes`` gives its name alone: shapes read
+    from ``read_state`` give layouts keyed by state-dict keys, ready for ``reshard_states``.
+    A table with no shape, or a name that fits several, raises :class:`ConversionError`.
     """
     out: dict[str, Layout] = {}
     for module_path, module_plan in plan.plan.items():
         for table, ps in module_plan.items():
             key = f"{module_path}.{table}" if module_path else table
-            shape = shapes.get(key, shapes.get(table))
-            if shape is None:
-                raise ConversionError(f"no shape for table {key!r} of the plan; add it to shapes")
-            out[key] = layout_from_parameter_sharding(ps, shape, world_size=world_size)
+            try:
+                given = resolve_table(key, shapes, what="keys of shapes")
+            except ConversionError as e:
+                raise ConversionError(f"no shape for table {key!r} of the plan: {e}") from e
+            if "." in given:  # a module path or a state-dict key: keep the caller's form
+                key = given
+            out[key] = layout_from_parameter_sharding(ps, shapes[given], world_size=world_size)
     return out
 
 

@@ -614,12 +614,13 @@ def test_upstream_argument_types_are_refused_clearly(call, match: str) -> None: 
 def test_chunked_sharding_spec_valid_specs() -> None:
     # upstream: TestShardingSpec.test_chunked_sharding_spec: valid specs include a negative
     # dim (-1) and the same rank twice ("rank:0/cuda:0", "rank:0/cuda:1"). The torch spec
-    # reads as a layout with two boxes on rank 0 (an enumerable spec), while ChunkSpec, one
-    # box per rank, refuses the repeated rank.
+    # reads as a layout with two boxes on rank 0 (an enumerable spec), the layout chunk_layout
+    # gives for ranks [0, 0]; ChunkSpec, one box per rank, refuses the repeated rank.
     neg = from_sharding_spec(ChunkShardingSpec(-1, ["rank:0/cpu", "rank:1/cpu"]), (3, 5))
     assert neg == chunk_layout((3, 5), 1, [0, 1]) == ChunkSpec(-1, [0, 1]).layout((3, 5))
     twice = from_sharding_spec(ChunkShardingSpec(0, ["rank:0/cpu", "rank:0/cpu"]), (5, 2))
     assert twice.boxes_of(0) == (Box((0, 0), (3, 2)), Box((3, 0), (2, 2)))
+    assert twice == chunk_layout((5, 2), 0, [0, 0])
     assert isinstance(infer_spec(twice), EnumerableSpec)
     with pytest.raises(LayoutError, match="name a rank twice"):
         ChunkSpec(0, [0, 0])

@@ -48,8 +48,9 @@ def chunk_bounds(n: int, k: int) -> list[tuple[int, int]]:
 def chunk_layout(shape: Sequence[int], dim: int, ranks: Sequence[int]) -> Layout:
     """The layout of ``torch.chunk(t, len(ranks), dim)`` with chunk ``i`` on ``ranks[i]``.
 
-    Every rank gets exactly one box; ranks past the data get an empty box at offset
-    ``shape[dim]``. A 0-d tensor cannot be chunked.
+    Chunks past the data are empty boxes at offset ``shape[dim]``. A rank named several
+    times holds several chunks, in the listed order, as with torch's ``ChunkShardingSpec``
+    (CHUNK-3). A 0-d tensor cannot be chunked.
     """
     shp = as_index_tuple(shape, "shape")
     nd = len(shp)
@@ -62,12 +63,17 @@ def chunk_layout(shape: Sequence[int], dim: int, ranks: Sequence[int]) -> Layout
     rks = as_index_tuple(ranks, "ranks")
     if not rks:
         raise LayoutError("chunk_layout needs at least one rank")
-    if len(set(rks)) != len(rks):
-        raise LayoutError(
-            f"ranks {shorten(rks)} name a rank twice; a chunk layout owns one box per rank"
-        )
     shards = []
+    held: set[tuple[int, int]] = set()
     for (start, stop), rank in zip(chunk_bounds(shp[dim], len(rks)), rks):
+        if (start, rank) in held:
+            # Only the empty chunks at offset n repeat: one rank would hold the same box twice,
+            # which no valid layout does (LAYOUT-2).
+            raise LayoutError(
+                f"ranks {shorten(rks)} put two of the empty chunks past the data of dim {dim} "
+                f"(size {shp[dim]}) on rank {rank}: the same box twice on one rank"
+            )
+        held.add((start, rank))
         offsets = (0,) * dim + (start,) + (0,) * (nd - dim - 1)
         sizes = shp[:dim] + (stop - start,) + shp[dim + 1 :]
         shards.append(Shard(Box._trusted(offsets, sizes), rank))

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from .box import Box, as_index_tuple
-from .chunk import chunk_bounds
+from .chunk import chunk_layout
 from .errors import ConversionError
 from .infer import chunk_spec_of
 from .layout import Layout, Shard, require_layout
@@ -169,12 +169,7 @@ def from_sharding_spec(
     if not spec.placements:
         raise ConversionError("ChunkShardingSpec has no placements")
     ranks = [_rank_of(p, i) for i, p in enumerate(spec.placements)]
-    shards = []
-    for (start, stop), rank in zip(chunk_bounds(shp[dim], len(ranks)), ranks, strict=True):
-        offsets = (*((0,) * dim), start, *((0,) * (nd - dim - 1)))
-        sizes = (*shp[:dim], stop - start, *shp[dim + 1 :])
-        shards.append(Shard(Box._trusted(offsets, sizes), rank))
-    layout = Layout(shp, shards)
+    layout = chunk_layout(shp, dim, ranks)
     return layout.validate() if validate else layout
 
 

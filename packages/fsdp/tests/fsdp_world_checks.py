@@ -407,15 +407,6 @@ def three_by_two_world(rank: int, world: int, ckpt1: str, ckpt2: str) -> dict[st
     return out
 
 
-def _same_data(a: Any, b: Any) -> bool:
-    """Same non-empty boxes on the same ranks, in the same local order per rank."""
-    ranks = set(a.ranks) | set(b.ranks)
-    return a.shape == b.shape and all(
-        [x for x in a.boxes_of(r) if not x.is_empty] == [x for x in b.boxes_of(r) if not x.is_empty]
-        for r in ranks
-    )
-
-
 def _check_pieces(
     local: dict[str, list[torch.Tensor]],
     layouts: dict[str, Any],
@@ -468,7 +459,7 @@ def conversions_world(rank: int, world: int) -> dict[str, Any]:
     out["fsdp1_to_layouts"] = [
         f"fsdp1 {k}: layout {lay1[k]} is not FSDP-1's {want[k]}"
         for k in want
-        if not _same_data(lay1[k], want[k])
+        if not lay1[k].equivalent(want[k])
     ] + _check_pieces(loc1, lay1, ref, rank, "fsdp1 piece")
 
     m2 = make_model()
@@ -478,7 +469,7 @@ def conversions_world(rank: int, world: int) -> dict[str, Any]:
     fully_shard(m2, mesh=mesh["dp"])
     loc2, lay2, _ = to_layouts(m2.state_dict())
     out["fsdp1_equals_fsdp2"] = [
-        f"{k}: FSDP1 {lay1[k]} vs FSDP2 {lay2[k]}" for k in want if not _same_data(lay1[k], lay2[k])
+        f"{k}: FSDP1 {lay1[k]} vs FSDP2 {lay2[k]}" for k in want if not lay1[k].equivalent(lay2[k])
     ] + [
         f"{k}: FSDP1 and FSDP2 local data differ"
         for k in want

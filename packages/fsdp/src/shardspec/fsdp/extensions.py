@@ -460,15 +460,13 @@ def _exact_placements(
     dp_options: list[Placement] = [ShardDim(0)]
     if isinstance(tp, ShardDim) and tp.dim == 0 and tp_size > 1:
         dp_options.insert(0, StridedShardDim(0, tp_size))
-    want = {(s.box, s.rank) for s in truth.shards if not s.box.is_empty}
     for dp_pl in dp_options:
         pls: list[Placement] = [Replicate()] * len(mesh_shape)
         pls[shard_dim] = dp_pl
         if tp_dim is not None:
             pls[tp_dim] = tp
         got = dtensor_layout(shape, mesh_shape, pls)
-        have = {(s.box, s.rank) for s in got.shards if not s.box.is_empty}
-        if have == want and all(len(got.boxes_of(r)) == 1 for r in got.ranks):
+        if got.equivalent(truth) and all(len(got.boxes_of(r)) == 1 for r in got.ranks):
             return tuple(pls)
     return None
 

@@ -245,17 +245,6 @@ def placements_for_fsdp(
     if not (isinstance(tp, ShardDim) and tp.dim == shard_dim):
         candidates.append(((Replicate(),) if hsdp else ()) + (ShardDim(shard_dim), tp))
     for pls in candidates:
-        if _same_data(dtensor_layout(shape, mesh_shape, pls), truth):
+        if dtensor_layout(shape, mesh_shape, pls).equivalent(truth):  # LAYOUT-8
             return pls
     return None
-
-
-def _same_data(a: Layout, b: Layout) -> bool:
-    """Same non-empty boxes on the same ranks (empty boxes hold nothing, wherever they sit)."""
-
-    def key(layout: Layout) -> set[tuple[Box, int]]:
-        return {(s.box, s.rank) for s in layout.shards if not s.box.is_empty}
-
-    ranks_a = {s.rank for s in a.shards}
-    ranks_b = {s.rank for s in b.shards}
-    return key(a) == key(b) and ranks_a == ranks_b and a.shape == b.shape

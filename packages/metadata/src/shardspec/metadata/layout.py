@@ -166,6 +166,28 @@ class Layout:
     def __hash__(self) -> int:
         return hash((self.shape, frozenset(self._multiset().items())))
 
+    def equivalent(self, other: Layout) -> bool:
+        """Same shape, same ranks, and every rank holds the same elements (LAYOUT-8).
+
+        In the spirit of JAX's ``Sharding.is_equivalent_to``: what is compared is which
+        elements each rank holds, not how the layout was written. Shard order, empty boxes
+        (they hold nothing, wherever they sit) and how a rank's elements are cut into boxes
+        do not matter; a rank that holds only empty boxes still takes part. A rank's boxes
+        must be pairwise disjoint on both sides, as in every valid layout, else
+        :class:`LayoutError`.
+        """
+        if not isinstance(other, Layout):
+            raise LayoutError(f"equivalent needs a Layout, got {type(other).__name__}")
+        mine, theirs = self._rank_index(), other._rank_index()
+        if self.shape != other.shape or mine.keys() != theirs.keys():
+            return False
+        for rank, shards in mine.items():
+            a = Counter(s.box for s in shards if not s.box.is_empty)
+            b = Counter(s.box for s in theirs[rank] if not s.box.is_empty)
+            if a != b and not _same_elements(list(a.elements()), list(b.elements()), rank):
+                return False
+        return True
+
     def __len__(self) -> int:
         return len(self.shards)
 
@@ -241,3 +263,27 @@ def require_layout(value: object, where: str) -> None:
     instead (a shard list, a torch spec), rather than an AttributeError further in."""
     if not isinstance(value, Layout):
         raise LayoutError(f"{where} needs a Layout, got {type(value).__name__}: {shorten(value)}")
+
+
+def _same_elements(a: list[Box], b: list[Box], rank: int) -> bool:
+    """Whether two sets of non-empty boxes, each pairwise disjoint, hold the same elements:
+    equal volumes, and every element of one lies in the other (the volume of the pairwise
+    intersections is the whole volume)."""
+    for side in (a, b):
+        for i, x in enumerate(side):
+            for y in side[i + 1 :]:
+                if x.overlaps(y):
+                    raise LayoutError(
+                        f"rank {rank} holds overlapping boxes {x} and {y}; equivalence is "
+                        f"defined for layouts whose boxes on one rank are disjoint"
+                    )
+    volume = sum(x.numel for x in a)
+    if volume != sum(y.numel for y in b):
+        return False
+    common = 0
+    for x in a:
+        for y in b:
+            both = x.intersect(y)
+            if both is not None:
+                common += both.numel
+    return common == volume

@@ -14,7 +14,14 @@ from typing import NamedTuple
 
 from shardspec.metadata import ConversionError
 
-__all__ = ["TableName", "parse_table_name", "resolve_table", "resolve_tables"]
+__all__ = [
+    "FORMS",
+    "TableName",
+    "parse_table_name",
+    "resolve_table",
+    "resolve_tables",
+    "same_table",
+]
 
 # EmbeddingBagCollection keeps its tables under ``embedding_bags``, EmbeddingCollection under
 # ``embeddings``; both the plain and the sharded modules' state dicts say ``<table>.weight``.
@@ -49,6 +56,11 @@ def parse_table_name(name: str) -> TableName:
         return TableName(m["module"] or "", m["table"])
     module, _, table = name.rpartition(".")
     return TableName(module, table)
+
+
+def same_table(a: str, b: str) -> bool:
+    """Whether two names, in any of the three forms, can mean the same table."""
+    return a == b or parse_table_name(a).same_table(parse_table_name(b))
 
 
 def resolve_table(name: str, names: Iterable[str], *, what: str = "names") -> str:

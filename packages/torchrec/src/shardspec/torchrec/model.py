@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from shardspec.metadata import Box, ConversionError, Layout, Shard
 from shardspec.reshard import ReshardError, reshard_state_dict
 
-from .keys import resolve_tables
+from .keys import FORMS, resolve_tables, same_table
 
 if TYPE_CHECKING:
     import torch
@@ -155,10 +155,14 @@ def reshard_states(
     """This rank's shards of every tensor in its destination layout (no model needed), keyed
     as ``src``; ``dst_layouts`` may name the tables in any of the three forms (TORCHREC-19),
     e.g. as :func:`layouts_from_plan` keys them, and must name each of ``src``'s."""
+    extra = [k for k in dst_layouts if not any(same_table(k, s) for s in src)]
+    missing = [s for s in src if not any(same_table(k, s) for k in dst_layouts)]
+    if extra or missing:
+        raise ReshardError(
+            f"the source and dst_layouts hold different tables: no layout for {sorted(missing)}, "
+            f"no source for {sorted(extra)} (tables named by {FORMS})"
+        )
     to_src = resolve_tables(dst_layouts, src, what="source tables")
-    missing = sorted(set(src) - set(to_src.values()))
-    if missing:
-        raise ReshardError(f"dst_layouts has no layout for {missing}")
     dst = {to_src[k]: layout for k, layout in dst_layouts.items()}
     moved = reshard_state_dict(
         {k: s.shards for k, s in src.items()},

@@ -47,7 +47,14 @@ def model_layouts(
     """FSDP-1 for every parameter on the mesh ``(replicate, dp, tp)`` (row-major ranks); a
     parameter missing from ``tp_of`` is outside the TP plan (replicated over TP)."""
     out: dict[str, Layout] = {}
+    # A model repeats a few (shape, TP placement) pairs over its layers: each is built once
+    # (layouts are immutable, LAYOUT-7).
+    seen: dict[tuple[tuple[int, ...], Placement | None], Layout] = {}
     for name, shape in shapes.items():
+        memo = (tuple(shape), tp_of.get(name))
+        if memo in seen:
+            out[name] = seen[memo]
+            continue
         if name in tp_of:
             out[name] = fsdp_tp_layout(
                 shape,
@@ -73,6 +80,7 @@ def model_layouts(
                 shard_dim=shard_dim,
                 ranks=ranks,
             )
+        seen[memo] = out[name]
     return out
 
 
@@ -90,8 +98,15 @@ def to_layouts(
         if isinstance(value, DTensor):
             layout = _root_layout(value)
             boxes = layout.boxes_of(me)
-            lt = value.to_local()
-            local[key] = [lt[s] for s in dtensor_local_slices(boxes)]
+            # The local tensor itself: to_local() is an autograd Function (half a millisecond a
+            # call here), and a state dict's entries are read, not differentiated.
+            lt = getattr(value, "_local_tensor", None)
+            if not isinstance(lt, torch.Tensor):
+                lt = value.to_local()
+            if len(boxes) == 1 and tuple(lt.shape) == boxes[0].sizes:
+                local[key] = [lt]
+            else:
+                local[key] = [lt[s] for s in dtensor_local_slices(boxes)]
         elif isinstance(value, ShardedTensor):
             shards = value.local_shards()
             if len(shards) == 1 and isinstance(shards[0].tensor, ShardedTensor):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from .box import Box, as_index, as_index_tuple, show_ints
@@ -63,6 +64,19 @@ def chunk_layout(shape: Sequence[int], dim: int, ranks: Sequence[int]) -> Layout
     rks = as_index_tuple(ranks, "ranks")
     if not rks:
         raise LayoutError("chunk_layout needs at least one rank")
+    if len(rks) <= CACHED_UP_TO:
+        return _cached_chunk_layout(shp, dim, rks)
+    return _chunk_layout(shp, dim, rks)
+
+
+# A state dict asks for the same few (shape, dim, ranks) thousands of times; a Layout is
+# immutable, so one object serves them all (LAYOUT-7). Layouts of a few ranks only: a
+# million-shard chunking is built once and would only pin its memory here.
+CACHED_UP_TO = 4096
+
+
+def _chunk_layout(shp: tuple[int, ...], dim: int, rks: tuple[int, ...]) -> Layout:
+    nd = len(shp)
     shards = []
     held: set[tuple[int, int]] = set()
     for (start, stop), rank in zip(chunk_bounds(shp[dim], len(rks)), rks):
@@ -78,3 +92,6 @@ def chunk_layout(shape: Sequence[int], dim: int, ranks: Sequence[int]) -> Layout
         sizes = shp[:dim] + (stop - start,) + shp[dim + 1 :]
         shards.append(Shard(Box._trusted(offsets, sizes), rank))
     return Layout(shp, shards)
+
+
+_cached_chunk_layout = functools.lru_cache(maxsize=1024)(_chunk_layout)

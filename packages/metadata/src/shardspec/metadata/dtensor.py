@@ -8,11 +8,14 @@ loaded lazily by ``shardspec.metadata`` (``from shardspec.metadata import dtenso
 
 from __future__ import annotations
 
+import functools
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.placement_types import (
     Partial,
     Placement,
@@ -22,6 +25,7 @@ from torch.distributed.tensor.placement_types import (
 )
 
 from .box import Box, as_index_tuple
+from .chunk import CACHED_UP_TO
 from .dtensor_math import Split, local_boxes, local_slices, mesh_layout, solve_splits
 from .errors import ConversionError, LayoutError
 from .layout import Layout, require_layout
@@ -121,6 +125,20 @@ def _splits(placements: Sequence[Placement], ndim: int) -> tuple[Split | None, .
     return tuple(out)
 
 
+_cached_splits = functools.lru_cache(maxsize=1024)(_splits)
+
+
+def _splits_cached(placements: Sequence[Placement], ndim: int) -> tuple[Split | None, ...]:
+    # torch's placement types check isinstance through a slow metaclass; a state dict repeats
+    # a handful of placement tuples, which are hashable.
+    if isinstance(placements, (list, tuple)):
+        try:
+            return _cached_splits(tuple(placements), ndim)
+        except TypeError:  # an unhashable placement: _splits says what is wrong with it
+            pass
+    return _splits(placements, ndim)
+
+
 def dtensor_layout(shape: Sequence[int], mesh: Any, placements: Sequence[Placement]) -> Layout:
     """The layout of a DTensor of global ``shape`` on ``mesh`` with ``placements``.
 
@@ -130,8 +148,37 @@ def dtensor_layout(shape: Sequence[int], mesh: Any, placements: Sequence[Placeme
     same boxes on several ranks. ``Partial`` raises :class:`ConversionError`.
     """
     shp = as_index_tuple(shape, "shape")
-    mesh_shape, ranks = mesh_ranks(mesh)
-    return mesh_layout(shp, mesh_shape, ranks, _splits(placements, len(shp)))
+    mesh_shape, ranks = _mesh_ranks_cached(mesh)
+    splits = _splits_cached(placements, len(shp))
+    if len(ranks) <= CACHED_UP_TO:
+        return _cached_mesh_layout(shp, mesh_shape, ranks, splits)
+    return mesh_layout(shp, mesh_shape, ranks, splits)
+
+
+# A state dict asks for the same few (shape, mesh, placements) thousands of times; a Layout is
+# immutable, so one object serves them all (building the layouts of a state dict
+# costs a small fraction of resharding it, LAYOUT-7).
+_cached_mesh_layout = functools.lru_cache(maxsize=1024)(mesh_layout)
+
+# DeviceMesh.mesh rebuilds a tensor of ranks on every read (a CuTe layout walk: about 0.1 ms);
+# a mesh's ranks never change, so they are read once per mesh object.
+_MESH_RANKS: dict[int, tuple[weakref.ref[Any], tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+
+
+def _mesh_ranks_cached(mesh: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if not isinstance(mesh, DeviceMesh):
+        return mesh_ranks(mesh)
+    hit = _MESH_RANKS.get(id(mesh))
+    if hit is not None and hit[0]() is mesh:
+        return hit[1]
+    found = mesh_ranks(mesh)
+    key = id(mesh)
+    try:
+        ref = weakref.ref(mesh, lambda _: _MESH_RANKS.pop(key, None))
+    except TypeError:  # not weakly referenceable: nothing to key a cache entry on safely
+        return found
+    _MESH_RANKS[key] = (ref, found)
+    return found
 
 
 def dtensor_local_boxes(
@@ -203,7 +250,12 @@ def dtensor_local_box(
 def dtensor_local_slices(boxes: Sequence[Box]) -> list[tuple[slice, ...]]:
     """Where each of a rank's boxes (as ``dtensor_layout`` lists them) sits in its local
     tensor: ``local[slices[i]]`` holds the elements of ``boxes[i]`` (DTENSOR-7)."""
-    return local_slices(boxes)
+    return list(_cached_local_slices(tuple(boxes)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_local_slices(boxes: tuple[Box, ...]) -> tuple[tuple[slice, ...], ...]:
+    return tuple(local_slices(boxes))
 
 
 def to_dtensor_placements(layout: Layout, mesh: Any) -> tuple[Placement, ...]:

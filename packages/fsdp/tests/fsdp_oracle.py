@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from shardspec.fsdp.placements import Placement, Replicate, ShardDim
+from shardspec.metadata.placements import Placement, Replicate, ShardDim
 
 
 def arange(shape: tuple[int, ...]) -> torch.Tensor:

@@ -10,8 +10,8 @@ import torch
 import torch.distributed.fsdp
 from torch import nn
 
-from shardspec.fsdp.placements import Replicate, ShardDim, from_torch
-from shardspec.fsdp.rules import dtensor_layout, fsdp_tp_layout
+from shardspec.fsdp.rules import fsdp_tp_layout, placements_layout
+from shardspec.metadata.placements import Replicate, ShardDim, from_torch
 from shardspec.testing.fsdp_model import (
     DIMS,
     LINEARS,
@@ -596,7 +596,7 @@ def hooks_random_world(
             if isinstance(out, DTensor):
                 kinds["dtensor"] = kinds.get("dtensor", 0) + 1
                 local = out.to_local()
-                claimed = dtensor_layout(
+                claimed = placements_layout(
                     tuple(out.shape), mesh_shape, [from_torch(x) for x in out.placements]
                 )
                 mine = [b for b in claimed.boxes_of(rank) if not b.is_empty]

@@ -9,17 +9,8 @@ import torch
 from fsdp_oracle import arange, chunk_or_empty, fsdp_cases, fsdp_local
 from hypothesis import given, strategies as st
 
-from shardspec.fsdp.placements import (
-    Replicate,
-    ShardDim,
-    StridedShardDim,
-    from_torch,
-    to_split,
-    to_torch,
-)
 from shardspec.fsdp.rules import (
     dtensor_boxes,
-    dtensor_layout,
     fsdp1_claimed_placements,
     fsdp1_layout,
     fsdp2_layout,
@@ -27,10 +18,19 @@ from shardspec.fsdp.rules import (
     fsdp_box,
     fsdp_tp_layout,
     placements_for_fsdp,
+    placements_layout,
     tp_box,
 )
 from shardspec.metadata import Box, LayoutError
 from shardspec.metadata.dtensor_math import Split
+from shardspec.metadata.placements import (
+    Replicate,
+    ShardDim,
+    StridedShardDim,
+    from_torch,
+    to_split,
+    to_torch,
+)
 
 
 def _local_from_boxes(g: torch.Tensor, boxes: tuple[Box, ...]) -> torch.Tensor:
@@ -228,7 +228,7 @@ def test_strided_shard_alone_is_two_boxes() -> None:
     # 8 rows, _StridedShard(0, sf=2) over 2: coordinate 0 holds [0,2) and [4,6).
     boxes = dtensor_boxes((8,), (2,), (StridedShardDim(0, 2),), (0,))
     assert boxes == (Box((0,), (2,)), Box((4,), (2,)))
-    layout = dtensor_layout((8, 3), (2, 2), (StridedShardDim(0, 2), Replicate()))
+    layout = placements_layout((8, 3), (2, 2), (StridedShardDim(0, 2), Replicate()))
     assert layout.boxes_of(3) == (Box((2, 0), (2, 3)), Box((6, 0), (2, 3)))
     layout.validate()
 
@@ -320,7 +320,7 @@ def test_upstream_fsdp2_placements_describe_fsdp2_data() -> None:
 )
 def test_upstream_fsdp1_claim_describes_fsdp1_data() -> None:
     truth = fsdp1_layout((7, 10), ShardDim(0), dp=2, tp_size=2)
-    claim = dtensor_layout((7, 10), (2, 2), fsdp1_claimed_placements(ShardDim(0)))
+    claim = placements_layout((7, 10), (2, 2), fsdp1_claimed_placements(ShardDim(0)))
     assert claim == truth
 
 
@@ -400,4 +400,4 @@ def test_an_empty_local_tensor_keeps_its_local_shape(  # type: ignore[no-untyped
     )
     assert tuple(torch_shape) == local_shape
     (rank,) = [r for r, c in enumerate(itertools.product(*map(range, mesh))) if c == coord]
-    assert dtensor_layout(shape, mesh, pls).boxes_of(rank) == boxes
+    assert placements_layout(shape, mesh, pls).boxes_of(rank) == boxes

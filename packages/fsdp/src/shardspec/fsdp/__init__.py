@@ -14,11 +14,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from shardspec.metadata.lazy import lazy_exports
+from shardspec.metadata.placements import Placement, Replicate, ShardDim, StridedShardDim
 
-from .placements import Placement, Replicate, ShardDim, StridedShardDim
 from .rules import (
     dtensor_boxes,
-    dtensor_layout,
     fsdp1_claimed_placements,
     fsdp1_layout,
     fsdp2_layout,
@@ -26,6 +25,7 @@ from .rules import (
     fsdp_box,
     fsdp_tp_layout,
     placements_for_fsdp,
+    placements_layout,
     tp_box,
 )
 
@@ -47,7 +47,6 @@ __all__ = [
     "ShardDim",
     "StridedShardDim",
     "dtensor_boxes",
-    "dtensor_layout",
     "flatten_sharded_tensors",
     "fsdp1_claimed_placements",
     "fsdp1_layout",
@@ -58,6 +57,7 @@ __all__ = [
     "install",
     "model_layouts",
     "placements_for_fsdp",
+    "placements_layout",
     "reshard_for",
     "reshard_layouts",
     "to_layouts",

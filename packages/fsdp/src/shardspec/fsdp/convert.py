@@ -26,10 +26,10 @@ from shardspec.metadata.dtensor import (
     mesh_ranks,
     to_dtensor_placements,
 )
+from shardspec.metadata.placements import Placement, Replicate
 
 from .extensions import _make_st, one_owner_per_box
 from .flatten import flat_layout, layout_of
-from .placements import Placement, Replicate
 from .rules import fsdp_tp_layout
 
 __all__ = ["model_layouts", "reshard_layouts", "to_layouts", "to_state_dict"]

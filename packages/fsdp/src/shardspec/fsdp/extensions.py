@@ -28,9 +28,7 @@ from torch.distributed.tensor import DTensor
 
 from shardspec.metadata import Box, ConversionError, Layout, Shard, chunk_bounds, chunk_layout
 from shardspec.metadata.dtensor_math import local_pieces
-from shardspec.metadata.shard_metadata import to_sharded_tensor_metadata
-
-from .placements import (
+from shardspec.metadata.placements import (
     Placement,
     Replicate,
     ShardDim,
@@ -39,7 +37,9 @@ from .placements import (
     to_split,
     to_torch,
 )
-from .rules import dtensor_layout, fsdp_box, mesh_coords, tp_box
+from shardspec.metadata.shard_metadata import to_sharded_tensor_metadata
+
+from .rules import fsdp_box, mesh_coords, placements_layout, tp_box
 
 __all__ = ["DTensorExtensions", "install", "mesh_fsdp_layout"]
 
@@ -465,7 +465,7 @@ def _exact_placements(
         pls[shard_dim] = dp_pl
         if tp_dim is not None:
             pls[tp_dim] = tp
-        got = dtensor_layout(shape, mesh_shape, pls)
+        got = placements_layout(shape, mesh_shape, pls)
         if got.equivalent(truth) and all(len(got.boxes_of(r)) == 1 for r in got.ranks):
             return tuple(pls)
     return None

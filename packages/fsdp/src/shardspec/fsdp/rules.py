@@ -6,7 +6,7 @@ placement on the ``tp`` mesh dim); FSDP then ``torch.chunk``s each rank's TP pie
 shard dim (always dim 0 for FSDP1) over ``dp``; HSDP's replicate dim copies the result.
 Composing the two chunk rules gives the truth (spec/07-fsdp.md, FSDP-1..3). DTensor's own
 reading of a list of placements (left to right, ``_StridedShard`` included) is
-:func:`dtensor_layout`, which hands over to ``shardspec.metadata.dtensor_math`` (DTENSOR-*);
+:func:`placements_layout`, which hands over to ``shardspec.metadata.dtensor_math`` (DTENSOR-*);
 FSDP-4/5 say where it and the truth part ways.
 
 Empty FSDP boxes are canonical: a dim of size 0 sits at offset ``shape[d]`` (CHUNK-2 applied to
@@ -21,13 +21,11 @@ from collections.abc import Sequence
 from shardspec.metadata import Box, Layout, LayoutError, Shard, chunk_bounds
 from shardspec.metadata.box import as_index_tuple
 from shardspec.metadata.dtensor_math import local_boxes, mesh_layout
-
-from .placements import Placement, Replicate, ShardDim, StridedShardDim, to_split
+from shardspec.metadata.placements import Placement, Replicate, ShardDim, StridedShardDim, to_split
 
 __all__ = [
     "canonical_box",
     "dtensor_boxes",
-    "dtensor_layout",
     "fsdp1_claimed_placements",
     "fsdp1_layout",
     "fsdp2_layout",
@@ -36,6 +34,7 @@ __all__ = [
     "fsdp_tp_layout",
     "mesh_coords",
     "placements_for_fsdp",
+    "placements_layout",
     "tp_box",
 ]
 
@@ -194,14 +193,15 @@ def dtensor_boxes(
     return local_boxes(shp, mshape, [to_split(p) for p in placements], coord)
 
 
-def dtensor_layout(
+def placements_layout(
     shape: Sequence[int],
     mesh_shape: Sequence[int],
     placements: Sequence[Placement],
     ranks: Sequence[int] | None = None,
 ) -> Layout:
     """What a DTensor with these placements says every rank holds (FSDP-4), as
-    ``shardspec.metadata.dtensor_layout`` reads it, without torch."""
+    ``shardspec.metadata.dtensor_layout`` reads torch placements, without torch (named apart
+    from it: this one takes shardspec placements and a mesh shape)."""
     shp = _check_shape(shape)
     mshape = as_index_tuple(mesh_shape, "mesh shape")
     rks = _mesh_ranks(mshape, ranks)
@@ -245,6 +245,6 @@ def placements_for_fsdp(
     if not (isinstance(tp, ShardDim) and tp.dim == shard_dim):
         candidates.append(((Replicate(),) if hsdp else ()) + (ShardDim(shard_dim), tp))
     for pls in candidates:
-        if dtensor_layout(shape, mesh_shape, pls).equivalent(truth):  # LAYOUT-8
+        if placements_layout(shape, mesh_shape, pls).equivalent(truth):  # LAYOUT-8
             return pls
     return None

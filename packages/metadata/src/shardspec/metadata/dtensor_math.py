@@ -26,7 +26,7 @@ from .errors import ConversionError
 from .layout import Layout, Shard
 
 __all__ = [
-    "Piece",
+    "DimRuns",
     "Split",
     "dim_pieces",
     "local_boxes",
@@ -50,7 +50,7 @@ class Split:
 
 
 @dataclass(frozen=True, slots=True)
-class Piece:
+class DimRuns:
     """The global indices a rank holds along one tensor dim: maximal runs, ascending, and the
     piece's end (stop of the last run; for an empty piece, its offset)."""
 
@@ -75,11 +75,11 @@ class Piece:
         return " + ".join(f"[{a}, {b})" for a, b in self.runs)
 
 
-def full_piece(n: int) -> Piece:
-    return Piece(((0, n),) if n else (), n)
+def full_piece(n: int) -> DimRuns:
+    return DimRuns(((0, n),) if n else (), n)
 
 
-def _positions_to_piece(parent: Piece, spans: list[tuple[int, int]]) -> Piece:
+def _positions_to_piece(parent: DimRuns, spans: list[tuple[int, int]]) -> DimRuns:
     """The piece made of the parent's elements at local positions ``spans`` (ascending,
     disjoint); an empty result sits at the parent's end (CHUNK-2 in the parent's frame)."""
     starts: list[int] = []  # local position where each run of the parent starts
@@ -101,8 +101,8 @@ def _positions_to_piece(parent: Piece, spans: list[tuple[int, int]]) -> Piece:
                 out.append((g_lo, g_hi))
             lo += take
     if not out:
-        return Piece((), parent.end)
-    return Piece(tuple(out), out[-1][1])
+        return DimRuns((), parent.end)
+    return DimRuns(tuple(out), out[-1][1])
 
 
 def split_spans(m: int, k: int, split_factor: int) -> list[list[tuple[int, int]]]:
@@ -128,7 +128,7 @@ def split_spans(m: int, k: int, split_factor: int) -> list[list[tuple[int, int]]
     return out
 
 
-def split_piece(parent: Piece, k: int, split_factor: int) -> list[Piece]:
+def split_piece(parent: DimRuns, k: int, split_factor: int) -> list[DimRuns]:
     """The ``k`` child pieces a mesh dim of size ``k`` cuts from ``parent``."""
     return [_positions_to_piece(parent, s) for s in split_spans(parent.size, k, split_factor)]
 
@@ -155,15 +155,15 @@ def _check(shape: Sequence[int], mesh_shape: Sequence[int], splits: Sequence[Spl
 
 def dim_pieces(
     n: int, mesh_shape: Sequence[int], splits: Sequence[Split | None], dim: int
-) -> tuple[list[int], dict[tuple[int, ...], Piece]]:
+) -> tuple[list[int], dict[tuple[int, ...], DimRuns]]:
     """The mesh dims that shard tensor dim ``dim`` (in order) and, for every combination of
     coordinates on them, the piece of ``dim`` those coordinates hold."""
     mesh_dims = [m for m, s in enumerate(splits) if s is not None and s.dim == dim]
-    level: dict[tuple[int, ...], Piece] = {(): full_piece(n)}
+    level: dict[tuple[int, ...], DimRuns] = {(): full_piece(n)}
     for m in mesh_dims:
         split = splits[m]
         assert split is not None
-        nxt: dict[tuple[int, ...], Piece] = {}
+        nxt: dict[tuple[int, ...], DimRuns] = {}
         for prefix, parent in level.items():
             for i, child in enumerate(split_piece(parent, mesh_shape[m], split.split_factor)):
                 nxt[prefix + (i,)] = child
@@ -171,7 +171,7 @@ def dim_pieces(
     return mesh_dims, level
 
 
-def _grid(pieces: Sequence[Piece]) -> tuple[Box, ...]:
+def _grid(pieces: Sequence[DimRuns]) -> tuple[Box, ...]:
     per_dim = [p.intervals() for p in pieces]
     return tuple(
         Box._trusted(tuple(a for a, _ in cell), tuple(b - a for a, b in cell))
@@ -184,7 +184,7 @@ def local_pieces(
     mesh_shape: Sequence[int],
     splits: Sequence[Split | None],
     coordinate: Sequence[int],
-) -> tuple[Piece, ...]:
+) -> tuple[DimRuns, ...]:
     """For each tensor dim, the piece the local tensor at ``coordinate`` holds (DTENSOR-5/6):
     its local shape is the pieces' sizes, its elements ``global[ix_(*indices)]``."""
     _check(shape, mesh_shape, splits)
@@ -251,7 +251,7 @@ def local_slices(boxes: Sequence[Box]) -> list[tuple[slice, ...]]:
 # From a layout back to placements
 
 
-def _rank_pieces(layout: Layout, rank: int) -> list[Piece]:
+def _rank_pieces(layout: Layout, rank: int) -> list[DimRuns]:
     """Read a rank's per-dim pieces from its boxes, refusing anything that is not the block
     grid DTensor stores (DTENSOR-7)."""
     boxes = layout.boxes_of(rank)
@@ -274,7 +274,7 @@ def _rank_pieces(layout: Layout, rank: int) -> list[Piece]:
     pieces = []
     for d, ivs in enumerate(per_dim):
         if len(ivs) == 1 and ivs[0][0] == ivs[0][1]:
-            pieces.append(Piece((), ivs[0][0]))
+            pieces.append(DimRuns((), ivs[0][0]))
             continue
         for i, (lo, hi) in enumerate(ivs):
             if hi == lo or (i and lo <= ivs[i - 1][1]):
@@ -283,7 +283,7 @@ def _rank_pieces(layout: Layout, rank: int) -> list[Piece]:
                     f"holds ascending, non-adjacent, non-empty runs there (adjacent runs are "
                     f"one block) (DTENSOR-7)"
                 )
-        pieces.append(Piece(tuple(ivs), ivs[-1][1]))
+        pieces.append(DimRuns(tuple(ivs), ivs[-1][1]))
     return pieces
 
 
@@ -294,7 +294,7 @@ def _grid_from(per_dim: list[list[_Run]]) -> list[Box]:
     ]
 
 
-def _union(children: Sequence[Piece]) -> Piece | None:
+def _union(children: Sequence[DimRuns]) -> DimRuns | None:
     runs = sorted(r for c in children for r in c.runs)
     merged: list[_Run] = []
     for a, b in runs:
@@ -305,15 +305,15 @@ def _union(children: Sequence[Piece]) -> Piece | None:
         else:
             merged.append((a, b))
     if merged:
-        return Piece(tuple(merged), merged[-1][1])
+        return DimRuns(tuple(merged), merged[-1][1])
     ends = {c.end for c in children}
-    return Piece((), ends.pop()) if len(ends) == 1 else None
+    return DimRuns((), ends.pop()) if len(ends) == 1 else None
 
 
 _Interval = tuple[int, float]  # split factors [lo, hi], hi may be inf
 
 
-def _factor_candidates(parent: Piece, children: list[Piece]) -> list[_Interval]:
+def _factor_candidates(parent: DimRuns, children: list[DimRuns]) -> list[_Interval]:
     """The split factors (as intervals) that cut ``parent`` into exactly ``children``.
 
     The cut depends on the split factor f only through s = ceil(m / f), the size of its first
@@ -339,7 +339,7 @@ def _factor_candidates(parent: Piece, children: list[Piece]) -> list[_Interval]:
     return out
 
 
-def _local_spans(parent: Piece, child: Piece) -> list[tuple[int, int]] | None:
+def _local_spans(parent: DimRuns, child: DimRuns) -> list[tuple[int, int]] | None:
     """``child``'s elements as spans of local positions in ``parent`` (None if not inside)."""
     firsts = [a for a, _ in parent.runs]
     local: list[int] = []  # local position of each parent run's first element
@@ -431,11 +431,11 @@ def solve_splits(
                     f"[0, {shape[d]}) there"
                 )
             continue
-        levels: list[dict[tuple[int, ...], Piece]] = [{}]
+        levels: list[dict[tuple[int, ...], DimRuns]] = [{}]
         for c in coords:
             levels[0][tuple(c[m] for m in mesh_dims)] = pieces[c][d]
         for j in range(len(mesh_dims) - 1, -1, -1):
-            parents: dict[tuple[int, ...], Piece] = {}
+            parents: dict[tuple[int, ...], DimRuns] = {}
             for key in {k[:j] for k in levels[0]}:
                 kids = [levels[0][key + (i,)] for i in range(mesh_shape[mesh_dims[j]])]
                 union = _union(kids)

@@ -92,9 +92,9 @@ def check_dtensor_entries(
     from torch.distributed.tensor import DTensor
 
     from shardspec.fsdp.flatten import layout_of
-    from shardspec.fsdp.placements import from_torch
-    from shardspec.fsdp.rules import dtensor_layout
+    from shardspec.fsdp.rules import placements_layout
     from shardspec.metadata import Box
+    from shardspec.metadata.placements import from_torch
 
     bad: list[str] = []
     seen = set()
@@ -120,7 +120,7 @@ def check_dtensor_entries(
         elif isinstance(value, DTensor):
             local = value.to_local()
             mesh_shape = tuple(value.device_mesh.mesh.shape)
-            claimed = dtensor_layout(
+            claimed = placements_layout(
                 tuple(value.shape),
                 mesh_shape,
                 [from_torch(p) for p in value.placements],
@@ -146,8 +146,8 @@ def check_dtensor_entries(
 
 
 def truth_layout(name: str, shape: tuple[int, ...], dp: int, tp: int) -> Any:
-    from shardspec.fsdp.placements import Replicate, ShardDim
     from shardspec.fsdp.rules import fsdp_tp_layout
+    from shardspec.metadata.placements import Replicate, ShardDim
 
     if name in TP_DIM:
         d = TP_DIM[name]

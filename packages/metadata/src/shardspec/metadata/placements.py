@@ -1,9 +1,12 @@
-"""DTensor placements as plain values, so the FSDP rules need no torch.
+"""DTensor placements as plain values: the one placement vocabulary of shardspec, torch-free.
 
 ``ShardDim(d)``, ``StridedShardDim(d, split_factor)`` and ``Replicate()`` mirror torch's
 ``Shard``, ``_StridedShard`` and ``Replicate``; :func:`from_torch` and :func:`to_torch` convert
-(importing torch only when called). What DTensor makes of a list of them is
-``shardspec.metadata``'s rule (DTENSOR-*), reached through :func:`to_split`.
+(importing torch only when called); :func:`placement_to_json` / :func:`placement_from_json`
+are their JSON form (``["S", d]``, ``["SS", d, f]``, ``["R"]``, DTENSOR-11). What DTensor makes
+of a list of them is :mod:`shardspec.metadata.dtensor_math`'s rule (DTENSOR-*), reached
+through :func:`to_split`. The FSDP rules, the TorchRec placements and the conformance codec
+use these. (Named ``ShardDim`` because :class:`shardspec.metadata.Shard` is a box on a rank.)
 """
 
 from __future__ import annotations
@@ -11,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shardspec.metadata import LayoutError
-from shardspec.metadata.dtensor_math import Split
+from .dtensor_math import Split
+from .errors import LayoutError
 
 __all__ = [
     "Placement",
@@ -20,6 +23,8 @@ __all__ = [
     "ShardDim",
     "StridedShardDim",
     "from_torch",
+    "placement_from_json",
+    "placement_to_json",
     "to_split",
     "to_torch",
 ]
@@ -108,3 +113,30 @@ def to_torch(placement: Placement) -> Any:
     if isinstance(placement, ShardDim):
         return TShard(placement.dim)
     return TReplicate()
+
+
+def placement_to_json(placement: Placement) -> list[Any]:
+    """``["S", dim]``, ``["SS", dim, split_factor]`` or ``["R"]`` (DTENSOR-11)."""
+    if isinstance(placement, StridedShardDim):
+        return ["SS", placement.dim, placement.split_factor]
+    if isinstance(placement, ShardDim):
+        return ["S", placement.dim]
+    if isinstance(placement, Replicate):
+        return ["R"]
+    raise LayoutError(
+        f"placement {placement!r} is not a ShardDim, StridedShardDim or Replicate "
+        "(convert torch placements with from_torch)"
+    )
+
+
+def placement_from_json(obj: Any) -> Placement:
+    """The placement of a JSON form; anything else raises :class:`LayoutError` naming it."""
+    if isinstance(obj, list) and obj == ["R"]:
+        return Replicate()
+    if isinstance(obj, list) and len(obj) == 2 and obj[0] == "S":
+        return ShardDim(obj[1])
+    if isinstance(obj, list) and len(obj) == 3 and obj[0] == "SS":
+        return StridedShardDim(obj[1], obj[2])
+    raise LayoutError(
+        f"bad placement {obj!r}: expected ['S', dim], ['SS', dim, split_factor] or ['R']"
+    )

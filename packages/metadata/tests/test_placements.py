@@ -1,0 +1,52 @@
+"""The torch-free placements and their JSON form (DTENSOR-11)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, strategies as st
+
+from shardspec.metadata import LayoutError
+from shardspec.metadata.placements import (
+    Placement,
+    Replicate,
+    ShardDim,
+    StridedShardDim,
+    from_torch,
+    placement_from_json,
+    placement_to_json,
+    to_torch,
+)
+
+placements: st.SearchStrategy[Placement] = st.one_of(
+    st.builds(ShardDim, st.integers(0, 9)),
+    st.builds(StridedShardDim, st.integers(0, 9), st.integers(1, 9)),
+    st.just(Replicate()),
+)
+
+
+@pytest.mark.rule("DTENSOR-11")
+@given(placements)
+def test_json_and_torch_round_trip(p: Placement) -> None:
+    text = json.dumps(placement_to_json(p))
+    assert placement_from_json(json.loads(text)) == p
+    assert from_torch(to_torch(p)) == p
+
+
+@pytest.mark.rule("DTENSOR-11")
+def test_json_forms_are_the_documented_ones() -> None:
+    assert placement_to_json(ShardDim(1)) == ["S", 1]
+    assert placement_to_json(StridedShardDim(0, 2)) == ["SS", 0, 2]
+    assert placement_to_json(Replicate()) == ["R"]
+
+
+@pytest.mark.rule("DTENSOR-11")
+@pytest.mark.parametrize(
+    "bad",
+    [["S", -1], ["SS", 0, 0], ["S", True], ["X", 0], ["S"], ["R", 0], "S", None, ["SS", 0]],
+)
+def test_malformed_json_is_refused_naming_it(bad: Any) -> None:
+    with pytest.raises(LayoutError, match=r"placement|ShardDim|StridedShardDim"):
+        placement_from_json(bad)

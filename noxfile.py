@@ -307,6 +307,8 @@ def wheels(session: nox.Session) -> None:
         modules = [n.replace("shardspec-", "shardspec.") for n in sibling_closure(dist)]
         with session.chdir(work):
             session.run("python", str(probe), str(ROOT), torch_version, *modules)
+            if "shardspec.metadata" in modules:  # its console script is on PATH and starts
+                session.run("shardspec", "--help", silent=True)
             for module, example in EXAMPLES:
                 if module in modules:
                     # A copy outside the source tree, run from there: nothing imports the

@@ -23,6 +23,7 @@ import argparse
 import gc
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -125,14 +126,17 @@ def main() -> None:
     ap.add_argument("--tensors", type=int, default=2000)
     ap.add_argument("--reps", type=int, default=3)
     args, _ = ap.parse_known_args()
-    from shardspec.reshard.testing import RankPool
+    from shardspec.testing import RankPool
 
     print(
         f"bench_state_dict: {args.tensors} tensors on {WORLD} gloo ranks, Shard(0) -> Shard(1), "
         f"best of {args.reps} (slowest rank); {os.cpu_count()} cores, possibly shared"
     )
-    with RankPool(WORLD, timeout=1800) as pool:
-        per_rank = pool.run(bench, args.tensors, args.reps)
+    # The ranks import this file by name (not as __main__), from its own folder.
+    here = str(Path(__file__).resolve().parent)
+    path = os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])])
+    with RankPool(WORLD, timeout=1800, env={"PYTHONPATH": path}) as pool:
+        per_rank = pool.call(f"{Path(__file__).stem}:bench", args.tensors, args.reps)
     first = max(r["first"] for r in per_rank)
     best = {
         name: min(max(r["times"][name][i] for r in per_rank) for i in range(args.reps))

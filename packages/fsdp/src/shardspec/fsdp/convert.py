@@ -48,7 +48,7 @@ def model_layouts(
     parameter missing from ``tp_of`` is outside the TP plan (replicated over TP)."""
     out: dict[str, Layout] = {}
     # A model repeats a few (shape, TP placement) pairs over its layers: each is built once
-    # (layouts are immutable, LAYOUT-7).
+    # (layouts are immutable; bench_state_dict measures it).
     seen: dict[tuple[tuple[int, ...], Placement | None], Layout] = {}
     for name, shape in shapes.items():
         memo = (tuple(shape), tp_of.get(name))

@@ -70,7 +70,7 @@ def chunk_layout(shape: Sequence[int], dim: int, ranks: Sequence[int]) -> Layout
 
 
 # A state dict asks for the same few (shape, dim, ranks) thousands of times; a Layout is
-# immutable, so one object serves them all (LAYOUT-7). Layouts of a few ranks only: a
+# immutable, so one object serves them all (bench_state_dict). Layouts of a few ranks only: a
 # million-shard chunking is built once and would only pin its memory here.
 CACHED_UP_TO = 4096
 

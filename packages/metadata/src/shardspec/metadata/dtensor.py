@@ -157,7 +157,7 @@ def dtensor_layout(shape: Sequence[int], mesh: Any, placements: Sequence[Placeme
 
 # A state dict asks for the same few (shape, mesh, placements) thousands of times; a Layout is
 # immutable, so one object serves them all (building the layouts of a state dict
-# costs a small fraction of resharding it, LAYOUT-7).
+# costs a small fraction of resharding it: bench_state_dict).
 _cached_mesh_layout = functools.lru_cache(maxsize=1024)(mesh_layout)
 
 # DeviceMesh.mesh rebuilds a tensor of ranks on every read (a CuTe layout walk: about 0.1 ms);

@@ -33,7 +33,7 @@ def _rank_main(
 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
-    store = dist.FileStore(os.path.join(folder, "store"), world)
+    store = dist.FileStore(os.path.join(folder, "store"), world)  # type: ignore[attr-defined]
     # A deadline of our own well below the tests' 30 s: what the faults area checks is that
     # errors arrive without it, and it bounds the damage if they do not.
     dist.init_process_group(

@@ -6,10 +6,10 @@ exits 1 on any rank where upstream breaks the spec, and exits 0 everywhere once 
 fixed. It may print ``BOXES {json}`` lines (the boxes the spec gives beside the boxes torch
 gave) for the report to draw, and ``PERF {json}`` lines (what a performance repro measured).
 
-``torchrun --standalone`` would start its store on every interface; here the driver binds a
-listening socket to 127.0.0.1 itself and hands it to a ``TCPStore`` (``master_listen_fd``), and
-the ranks join it as torchrun's agent store (``TORCHELASTIC_USE_AGENT_STORE``), with gloo on
-the loopback device. Usage: ``python -m conformance.repro_run conformance/repros/<id>.py``.
+``torchrun --standalone`` would start its store on every interface; here the driver starts
+the rank runtime's loopback-only store (``shardspec.testing.loopback``) and the ranks join it
+as torchrun's agent store (``TORCHELASTIC_USE_AGENT_STORE``), with gloo on the loopback
+device. Usage: ``python -m conformance.repro_run conformance/repros/<id>.py``.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from shardspec.testing.loopback import loopback_store
 
 REPROS = Path(__file__).resolve().parent / "repros"
 # The fields every repro's DEFECT literal must state; see conformance/repros/README.md.
@@ -79,27 +79,6 @@ class ReproResult:
         return self.outcome == "reproduced"
 
 
-def _loopback_store(world: int) -> tuple[Any, int]:
-    from torch.distributed import TCPStore  # type: ignore[attr-defined]
-
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(world * 4)
-    port = listener.getsockname()[1]
-    store = TCPStore(
-        "127.0.0.1",
-        port,
-        world,
-        is_master=True,
-        wait_for_workers=False,
-        timeout=timedelta(seconds=120),
-        master_listen_fd=listener.fileno(),
-        use_libuv=True,
-    )
-    listener.detach()  # the store owns the descriptor now and closes it
-    return store, port
-
-
 def _classify(codes: list[int | None], text: dict[int, str]) -> tuple[str, list[str]]:
     lines = [ln for out in text.values() for ln in out.splitlines()]
     diverges = [ln for ln in lines if ln.startswith("DIVERGES")]
@@ -135,7 +114,8 @@ def run_repro(path: Path, nproc: int | None = None, timeout: float = 180.0) -> R
     """
     defect = read_defect(path)
     world = int(nproc or defect["nproc"])
-    store, port = _loopback_store(world)
+    store = loopback_store()
+    port = store.port
     env_base = {
         **os.environ,
         "MASTER_ADDR": "127.0.0.1",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -84,18 +85,20 @@ def test_runner_tells_reproduced_from_fixed_broken_and_hung(tmp_path: Path) -> N
 
 
 @pytest.mark.rule("CONF-6")
-def test_runner_store_listens_on_loopback_only() -> None:
-    store, port = repro_run._loopback_store(2)
-    try:
-        listening = []
-        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-            for line in Path(table).read_text().splitlines()[1:]:
-                local, state = line.split()[1], line.split()[3]
-                if state == "0A" and int(local.split(":")[1], 16) == port:  # 0A: LISTEN
-                    listening.append(local.split(":")[0])
-        assert listening == ["0100007F"], f"store on port {port} listens on {listening}"
-    finally:
-        del store
+def test_runner_listens_on_loopback_only(tmp_path: Path) -> None:
+    from shardspec.testing.loopback import listeners
+
+    probe = _fake(
+        tmp_path,
+        "probe",
+        "from shardspec.testing.loopback import listeners\n"
+        "bad = [str(x.address) for x in listeners([os.getpid(), os.getppid()]) if not x.loopback]"
+        "\nprint('LISTENING', bad)",
+    )
+    res = run_repro(probe)
+    assert res.outcome == "fixed", res.output
+    assert "LISTENING []" in res.output[0], res.output[0]
+    assert all(x.loopback for x in listeners([os.getpid()])), "the driver's store"
 
 
 def _case(test: str, outcome: str, message: str | None, rules: list[str]) -> Any:

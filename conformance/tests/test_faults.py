@@ -141,7 +141,6 @@ def _check_peak(total: int, budget: int) -> None:
 
 
 @needs_shardspec
-@pytest.mark.slow  # not yet timed on the shared CI machine: kept out of the default run
 @pytest.mark.rule("RESHARD-6", "RESHARD-11")
 def test_state_dict_through_a_small_buffer_peak_rss_under_output_plus_two_buffers() -> None:
     _check_peak(256 << 20, 8 << 20)

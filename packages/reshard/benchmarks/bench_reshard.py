@@ -29,7 +29,6 @@ import gc
 import itertools
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,8 +37,6 @@ from typing import Any
 # Large allocations are mmapped (and returned on free), so that each method's peak RSS is its
 # own and not hidden by memory an earlier method left in the allocator.
 os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import torch
 import torch.distributed as dist
@@ -433,16 +430,20 @@ def main() -> None:
         f"{args.reps} repeats, best of the max over ranks; gloo on {os.cpu_count()} cores"
     )
     tmp = tempfile.mkdtemp(prefix="bench_reshard_")
+    # The ranks import this file by name (not as __main__), from its own folder.
+    here = str(Path(__file__).resolve().parent)
+    path = os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])])
+    me = Path(__file__).stem
     try:
         for world in [int(w) for w in args.worlds.split(",")]:
-            pool = RankPool(world, timeout=900)
+            pool = RankPool(world, timeout=900, env={"PYTHONPATH": path})
             try:
                 print(f"\nworld size {world}")
                 for mib in sizes:
                     for even in (True, False):
                         shape = tensor_shape(mib, world, even)
                         ms = [m for m in methods if even or m != "sharded"]
-                        per_rank = pool.call(bench_tensor, shape, ms, args.reps, tmp)
+                        per_rank = pool.call(f"{me}:bench_tensor", shape, ms, args.reps, tmp)
                         merged = {
                             m: {
                                 "times": [
@@ -462,7 +463,7 @@ def main() -> None:
                             )
                         )
                 n = 1000
-                per_rank = pool.call(bench_state_dict, n, sd_side, methods, args.reps, tmp)
+                per_rank = pool.call(f"{me}:bench_state_dict", n, sd_side, methods, args.reps, tmp)
                 merged = {
                     m: {
                         "times": [

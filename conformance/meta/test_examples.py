@@ -1,4 +1,4 @@
-"""The README's example runs as written, on 4 gloo ranks under torchrun."""
+"""The README's examples run as written, on 4 gloo ranks under torchrun."""
 
 from __future__ import annotations
 
@@ -9,6 +9,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# What each example prints once it has checked its own result; a new example says it here.
+SUCCESS_LINE = {
+    "reshard_dtensor.py": "Layout shape=",
+    "resume_on_another_mesh.py": "parameters after the second step match the single-process run",
+}
 
 
 @pytest.mark.parametrize("script", sorted((ROOT / "examples").glob("*.py")), ids=lambda p: p.name)
@@ -20,4 +25,5 @@ def test_example_runs_on_four_ranks(script: Path) -> None:
     assert done.returncode == 0, (
         f"{script.name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     )
-    assert "Layout shape=" in done.stdout
+    assert script.name in SUCCESS_LINE, f"{script.name}: add the line it prints to SUCCESS_LINE"
+    assert SUCCESS_LINE[script.name] in done.stdout, done.stdout[-3000:]

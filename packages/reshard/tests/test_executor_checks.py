@@ -107,6 +107,21 @@ if not torch.cuda.is_available():
     SPOILS.append(("device 'cuda'", "CUDA is not available"))
 
 
+@pytest.mark.rule("RESHARD-9")
+@pytest.mark.parametrize(
+    ("shape", "stride"),
+    [((0,), (0,)), ((0, 2, 0), (0, 0, 1)), ((2, 0), (0, 1)), ((3, 0, 4), (0, 0, 0))],
+)
+def test_an_empty_out_shares_no_element_whatever_its_strides(
+    shape: tuple[int, ...], stride: tuple[int, ...]
+) -> None:
+    from shardspec.reshard.checks import has_internal_overlap
+
+    empty = torch.empty(0, dtype=torch.float64).as_strided(shape, stride)
+    assert not has_internal_overlap(empty), f"{shape} with strides {stride} has no elements"
+    assert has_internal_overlap(torch.zeros(1).expand(3)), "an expanded tensor does share"
+
+
 @pytest.mark.rule("RESHARD-5", "RESHARD-10")
 @pytest.mark.parametrize(("how", "says"), SPOILS, ids=[h for h, _ in SPOILS])
 def test_one_rank_bad_argument_raises_on_every_rank(pool: RankPool, how: str, says: str) -> None:

@@ -142,6 +142,8 @@ def has_internal_overlap(t: torch.Tensor) -> bool:
     into it fails, or keeps only one of the values."""
     import torch
 
+    if t.numel() == 0:  # no elements, so no two of them share a location, whatever the strides
+        return False
     if any(s == 0 and n > 1 for n, s in zip(t.shape, t.stride())):
         return True
     probe = getattr(torch, "_debug_has_internal_overlap", None)

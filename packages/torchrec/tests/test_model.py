@@ -215,5 +215,5 @@ def test_upstream_dtensor_placements_describe_the_layout(ranks4: Any, plan: str)
 @pytest.mark.rule("TORCHREC-19")
 def test_layouts_from_plan_and_read_state_round_trip_on_4_ranks(ranks4: Any) -> None:
     no_failures(
-        ranks4.run(cases.check_plan_keys_round_trip, PLANS_4["row_wise"], PLANS_4["grid_shard"])
+        ranks4.call(cases.check_plan_keys_round_trip, PLANS_4["row_wise"], PLANS_4["grid_shard"])
     )

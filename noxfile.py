@@ -122,6 +122,8 @@ def conformance_launched(session: nox.Session) -> None:
     # Launcher ranks cannot be restarted after a timeout, so a slow machine must not cause one.
     session.env["SHARDSPEC_POOL_TIMEOUT"] = os.environ.get("SHARDSPEC_POOL_TIMEOUT", "60")
     nproc = os.environ.get("SHARDSPEC_LAUNCH_NPROC", "5")
+    # As in `conformance`: the tests marked slow run in `nox -s slow`; a `-m` of your own wins.
+    select = [] if "-m" in rest else ["-m", "not slow"]
     session.run(
         "torchrun",
         "--standalone",
@@ -131,6 +133,7 @@ def conformance_launched(session: nox.Session) -> None:
         "conformance/tests",
         "-p",
         "no:cacheprovider",
+        *select,
         *rest,
     )
 

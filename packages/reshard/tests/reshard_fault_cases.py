@@ -128,3 +128,17 @@ def run_retry_after_leaving(
     finally:
         executor.agree_on_inputs = real
     return reshard([t * 2 for t in ins], src, dst)
+
+
+def all_raise(answers: list[Any], *needles: str) -> str:
+    """Every rank raised the same ReshardError, whose message holds every needle."""
+    from shardspec.testing import RankFailure
+
+    assert all(isinstance(a, RankFailure) for a in answers), f"not every rank raised: {answers}"
+    assert {a.type_name for a in answers} == {"ReshardError"}, answers
+    messages = {a.message for a in answers}
+    assert len(messages) == 1, f"ranks raised different messages: {messages}"
+    msg = messages.pop()
+    for n in needles:
+        assert n in msg, f"{n!r} not in {msg!r}"
+    return msg

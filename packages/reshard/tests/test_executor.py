@@ -4,7 +4,6 @@ the whole module; every rank's output is compared with the reference bit for bit
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import pytest
 import torch
@@ -20,11 +19,12 @@ from reshard_cases import (
     run_single,
     run_state_dict,
 )
+from reshard_fault_cases import all_raise
 
 from shardspec.metadata import Layout, chunk_layout
 from shardspec.metadata.strategies import shapes, valid_layouts
 from shardspec.reshard import plan, reference
-from shardspec.testing import RankFailure, RankPool, get_pool
+from shardspec.testing import RankPool, get_pool
 
 WORLD = 4
 
@@ -238,17 +238,6 @@ def _inputs(src: Layout, full: torch.Tensor) -> dict[int, list[torch.Tensor]]:
     return {r: [full[b.slices()].clone() for b in src.boxes_of(r)] for r in range(WORLD)}
 
 
-def _all_raise(answers: list[Any], *needles: str) -> str:
-    assert all(isinstance(a, RankFailure) for a in answers), f"not every rank raised: {answers}"
-    assert {a.type_name for a in answers} == {"ReshardError"}, answers
-    messages = {a.message for a in answers}
-    assert len(messages) == 1, f"ranks raised different messages: {messages}"
-    msg = messages.pop()
-    for n in needles:
-        assert n in msg, f"{n!r} not in {msg!r}"
-    return msg
-
-
 @pytest.mark.rule("RESHARD-5")
 def test_one_rank_with_a_different_dst_makes_every_rank_raise(pool: RankPool) -> None:
     src = chunk_layout((12, 21), 0, range(4))
@@ -256,7 +245,7 @@ def test_one_rank_with_a_different_dst_makes_every_rank_raise(pool: RankPool) ->
     other = chunk_layout((12, 21), 1, [1, 0, 2, 3])
     ins = _inputs(src, random_tensor((12, 21), torch.float32, 1))
     args = [(ins[r], src, other if r == 2 else dst, {}) for r in range(WORLD)]
-    _all_raise(pool.call_all(run_single, per_rank=args), "destination layouts", "[2]")
+    all_raise(pool.call_all(run_single, per_rank=args), "destination layouts", "[2]")
     # The group is still usable afterwards: nothing was left half-sent.
     ok = pool.call(run_single, per_rank=[(ins[r], src, dst, {}) for r in range(WORLD)])
     assert len(ok) == WORLD
@@ -272,15 +261,15 @@ def test_disagreements_on_shape_dtype_and_budget_raise_everywhere(pool: RankPool
     src5, dst5 = chunk_layout((8, 5), 0, range(4)), chunk_layout((8, 5), 1, range(4))
     ins5 = _inputs(src5, random_tensor((8, 5), torch.float32, 2))
     args = [(ins5[r], src5, dst5, {}) if r == 3 else (ins[r], src, dst, {}) for r in range(WORLD)]
-    _all_raise(pool.call_all(run_single, per_rank=args), "keys and shapes")
+    all_raise(pool.call_all(run_single, per_rank=args), "keys and shapes")
     # A different dtype on rank 1.
     args = [
         ([t.double() for t in ins[r]] if r == 1 else ins[r], src, dst, {}) for r in range(WORLD)
     ]
-    _all_raise(pool.call_all(run_single, per_rank=args), "dtype", "torch.float64", "torch.float32")
+    all_raise(pool.call_all(run_single, per_rank=args), "dtype", "torch.float64", "torch.float32")
     # A different max_buffer_bytes on rank 0.
     args = [(ins[r], src, dst, {"max_buffer_bytes": 64 if r == 0 else None}) for r in range(WORLD)]
-    _all_raise(pool.call_all(run_single, per_rank=args), "max_buffer_bytes")
+    all_raise(pool.call_all(run_single, per_rank=args), "max_buffer_bytes")
 
 
 @pytest.mark.rule("RESHARD-5")
@@ -289,18 +278,18 @@ def test_bad_local_input_on_one_rank_raises_everywhere(pool: RankPool) -> None:
     dst = chunk_layout((8, 4), 1, range(4))
     ins = _inputs(src, random_tensor((8, 4), torch.float32, 3))
     wrong_shape = [([torch.zeros(3, 4)] if r == 1 else ins[r], src, dst, {}) for r in range(WORLD)]
-    _all_raise(pool.call_all(run_single, per_rank=wrong_shape), "rank 1", "shape (3, 4)")
+    all_raise(pool.call_all(run_single, per_rank=wrong_shape), "rank 1", "shape (3, 4)")
     too_many = [(ins[r] * 2 if r == 2 else ins[r], src, dst, {}) for r in range(WORLD)]
-    _all_raise(pool.call_all(run_single, per_rank=too_many), "rank 2", "2 local shards")
+    all_raise(pool.call_all(run_single, per_rank=too_many), "rank 2", "2 local shards")
     mismatched = chunk_layout((8, 5), 1, range(4))  # every rank: shape mismatch in the plan
-    _all_raise(
+    all_raise(
         pool.call_all(run_single, per_rank=[(ins[r], src, mismatched, {}) for r in range(WORLD)]),
         "LayoutError",
     )
     not_a_layout = [(ins[r], "rows" if r == 3 else src, dst, {}) for r in range(WORLD)]
-    _all_raise(pool.call_all(run_single, per_rank=not_a_layout), "rank 3")
+    all_raise(pool.call_all(run_single, per_rank=not_a_layout), "rank 3")
     big = chunk_layout((8, 4), 0, range(6))  # names ranks 4 and 5 in a group of 4
-    _all_raise(
+    all_raise(
         pool.call_all(run_single, per_rank=[(ins[r], src, big, {}) for r in range(WORLD)]),
         "ranks [4, 5]",
     )

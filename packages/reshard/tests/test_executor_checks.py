@@ -5,12 +5,11 @@ a call early cannot complete the others' call with its retry."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 from reshard_cases import random_tensor
 from reshard_fault_cases import (
+    all_raise,
     run_aliased,
     run_outputs_aliased,
     run_retry_after_leaving,
@@ -19,7 +18,7 @@ from reshard_fault_cases import (
 
 from shardspec.metadata import chunk_layout
 from shardspec.reshard import reference
-from shardspec.testing import RankFailure, RankPool, get_pool
+from shardspec.testing import RankPool, get_pool
 
 WORLD = 4
 SHAPE = (8, 6)
@@ -31,17 +30,6 @@ DST = chunk_layout(SHAPE, 0, [1, 2, 3, 0])
 @pytest.fixture
 def pool() -> RankPool:
     return get_pool(WORLD, timeout=120)  # the session's pool of the executor tests
-
-
-def _all_raise(answers: list[Any], *needles: str) -> str:
-    assert all(isinstance(a, RankFailure) for a in answers), f"not every rank raised: {answers}"
-    assert {a.type_name for a in answers} == {"ReshardError"}, answers
-    messages = {a.message for a in answers}
-    assert len(messages) == 1, f"ranks raised different messages: {messages}"
-    msg = messages.pop()
-    for n in needles:
-        assert n in msg, f"{n!r} not in {msg!r}"
-    return msg
 
 
 def _expected(full: torch.Tensor) -> dict[int, list[torch.Tensor]]:
@@ -70,7 +58,7 @@ def _still_works(pool: RankPool, full: torch.Tensor) -> None:
 def test_out_sharing_memory_with_an_input_raises_on_every_rank(pool: RankPool, how: str) -> None:
     full = random_tensor(SHAPE, torch.float32, 21)
     answers = pool.call_all(run_aliased, per_rank=[(SRC, DST, full, 2, how)] * WORLD)
-    _all_raise(answers, "rank 2", "out #0", "no data was moved")
+    all_raise(answers, "rank 2", "out #0", "no data was moved")
     _still_works(pool, full)
 
 
@@ -78,7 +66,7 @@ def test_out_sharing_memory_with_an_input_raises_on_every_rank(pool: RankPool, h
 def test_out_sharing_memory_with_another_out_raises_on_every_rank(pool: RankPool) -> None:
     full = random_tensor(SHAPE, torch.int64, 22)
     answers = pool.call_all(run_outputs_aliased, per_rank=[(SRC, DST, full, 1)] * WORLD)
-    _all_raise(answers, "rank 1", "tensor 'b' out #0", "tensor 'a' out #0")
+    all_raise(answers, "rank 1", "tensor 'b' out #0", "tensor 'a' out #0")
 
 
 @pytest.mark.rule("RESHARD-9")
@@ -128,7 +116,7 @@ def test_one_rank_bad_argument_raises_on_every_rank(pool: RankPool, how: str, sa
     dtype = torch.complex64 if "conjugate" in how else torch.float32
     full = random_tensor(SHAPE, dtype, 24)
     answers = pool.call_all(run_spoiled, per_rank=[(SRC, DST, full, 1, how)] * WORLD)
-    _all_raise(answers, "rank 1", says)
+    all_raise(answers, "rank 1", says)
     _still_works(pool, random_tensor(SHAPE, torch.float32, 25))
 
 
@@ -139,5 +127,5 @@ def test_a_retry_never_completes_another_ranks_call(pool: RankPool) -> None:
     instead of the others returning rank 2's retry data. The group is usable right after."""
     full = random_tensor(SHAPE, torch.float32, 26)
     answers = pool.call_all(run_retry_after_leaving, per_rank=[(SRC, DST, full, 2)] * WORLD)
-    _all_raise(answers, "different calls", "ranks [0, 1, 3] at call", "ranks [2] at call")
+    all_raise(answers, "different calls", "ranks [0, 1, 3] at call", "ranks [2] at call")
     _still_works(pool, full)

@@ -127,7 +127,11 @@ def many_small_reshards(rank: int, world: int, calls: int, warmup: int) -> dict[
     shape = (8, 8)
     src = {"w": chunk_layout(shape, 0, list(range(world))), "b": chunk_layout((8,), 0, [0])}
     dst = {"w": chunk_layout(shape, 1, list(range(world))), "b": chunk_layout((8,), 0, [world - 1])}
-    full = {"w": torch.randn(shape), "b": torch.arange(8)}
+    # Every rank must draw the same tensor: the ranks' default generators are not in step.
+    full = {
+        "w": torch.randn(shape, generator=torch.Generator().manual_seed(0)),
+        "b": torch.arange(8),
+    }
     state = {k: [full[k][b.slices()].clone() for b in src[k].boxes_of(rank)] for k in src}
     want = {k: [full[k][b.slices()] for b in dst[k].boxes_of(rank)] for k in dst}
 

@@ -110,7 +110,11 @@ def conformance(session: nox.Session) -> None:
 # World sizes `conformance_scale` simulates, and the areas it runs there (dtensor: meshes of
 # exactly W devices up to 4-D; reshard: layouts over W ranks, more ranks than rows).
 SCALE_WORLDS = "8,64,512,1024"
-SCALE_AREAS = ("conformance/tests/test_reshard.py", "conformance/tests/test_dtensor.py")
+SCALE_AREAS = (
+    "conformance/tests/test_reshard.py",
+    "conformance/tests/test_dtensor.py",
+    "conformance/tests/test_dtensor_moves.py",
+)
 
 
 @nox.session

@@ -132,25 +132,135 @@ def _dtensor_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -
             raise ValueError(f"placement {p} is out of range for a {ts[0].ndim}-d tensor")
 
 
+def _dtensor_mesh(ctx: Context, args: dict[str, Any]) -> Any:
+    """The args' mesh: ``mesh`` (shape), ``order`` (ranks in row-major order, default
+    ascending), ``flatten`` (dims named and flattened, DTensor's one-collective paths)."""
+    return ctx.mesh(tuple(args["mesh"]), args.get("order"), flatten=args.get("flatten", False))
+
+
+def _via(args: dict[str, Any]) -> str:
+    via = args.get("via", "torch")
+    if via not in ("torch", "shardspec"):
+        raise ValueError(f"via {via!r}: torch or shardspec")
+    return str(via)
+
+
 @operation("dtensor.distribute", collective=True, check=_dtensor_check)
 def _distribute(
     ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
 ) -> tuple[Any, list[torch.Tensor]]:
-    """Real ``distribute_tensor``: this rank's local tensor and mesh coordinate."""
+    """``distribute_tensor`` (``via`` torch, the default) or shardspec's
+    ``distribute_dtensor``: this rank's local tensor and mesh coordinate."""
     from torch.distributed.tensor import distribute_tensor
 
     from conformance.codec import placements_from_json
 
-    mesh = ctx.mesh(tuple(args["mesh"]))
+    mesh = _dtensor_mesh(ctx, args)
+    placements = placements_from_json(args["placements"])
     # src_data_rank=None: every rank splits its own copy, no scatter. Used for _StridedShard,
     # whose scatter path asserts on zero-size and some uneven tensors in torch 2.13 (its padded
     # split gives pieces of different shapes); the placement logic is the same either way.
     src = 0 if args.get("scatter", True) else None
-    dt = distribute_tensor(
-        _to_wire(ctx, ts[0]), mesh, placements_from_json(args["placements"]), src_data_rank=src
-    )
-    local = _from_wire(dt.to_local(), ts[0].dtype)
+    if _via(args) == "shardspec":
+        from shardspec.reshard.dtensor_io import distribute_dtensor
+
+        dt = distribute_dtensor(ts[0], mesh, placements, src_rank=src)
+        local = dt.to_local()
+    else:
+        dt = distribute_tensor(_to_wire(ctx, ts[0]), mesh, placements, src_data_rank=src)
+        local = _from_wire(dt.to_local(), ts[0].dtype)
     return {"coordinate": mesh.get_coordinate(), "stride": list(local.stride())}, [local]
+
+
+def _redistribute_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
+    _dtensor_check(ctx, args, ts)
+    _dtensor_check(ctx, {**args, "placements": args["dst"]}, ts)
+    _via(args)
+
+
+@operation("dtensor.redistribute", collective=True, check=_redistribute_check)
+def _redistribute(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
+    """Every rank slices its own source piece (``placements``, no scatter: that is
+    ``dtensor.distribute``'s question), then ``redistribute`` to ``dst`` and ``full_tensor``
+    (``via`` torch) or shardspec's ``reshard_dtensor`` to ``dst`` and to all-Replicate: the
+    local tensor after the move and the full tensor."""
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    from conformance.codec import placements_from_json
+
+    mesh = _dtensor_mesh(ctx, args)
+    dst = placements_from_json(args["dst"])
+    dt = distribute_tensor(
+        _to_wire(ctx, ts[0]), mesh, placements_from_json(args["placements"]), src_data_rank=None
+    )
+    if _via(args) == "shardspec":
+        from shardspec.reshard.frontends import reshard_dtensor
+
+        moved = reshard_dtensor(dt, mesh, dst).to_local()
+        full = reshard_dtensor(dt, mesh, [Replicate()] * mesh.ndim).to_local()
+    else:
+        moved = dt.redistribute(mesh, dst).to_local()
+        full = dt.full_tensor()
+    dtype = ts[0].dtype
+    return {"coordinate": mesh.get_coordinate()}, [
+        _from_wire(moved.contiguous(), dtype),
+        _from_wire(full.contiguous(), dtype),
+    ]
+
+
+def _from_local_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
+    from conformance.codec import placements_from_json
+
+    _via(args)
+    if len(ts) != 1:
+        raise ValueError("dtensor.from_local takes this rank's local tensor as its one input")
+    mesh = tuple(args["mesh"])
+    if len(placements_from_json(args["placements"])) != len(mesh):
+        raise ValueError(f"{len(args['placements'])} placements for a {len(mesh)}-d mesh")
+    if len(args["shape"]) != ts[0].ndim:
+        raise ValueError(f"shape {args['shape']} for a {ts[0].ndim}-d local tensor")
+
+
+@operation("dtensor.from_local", collective=True, check=_from_local_check)
+def _from_local(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
+    """``DTensor.from_local(local, mesh, placements, run_check=True, shape=...)`` (``via``
+    torch) or shardspec's ``dtensor_from_local``: the error it raised (on this rank), or the
+    boxes its DTensor states for this rank, read with torch's own
+    ``compute_local_shape_and_global_offset`` (what DCP saves)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    from conformance.codec import placements_from_json
+
+    mesh = _dtensor_mesh(ctx, args)
+    placements = placements_from_json(args["placements"])
+    shape = tuple(args["shape"])
+    try:
+        if _via(args) == "shardspec":
+            from shardspec.reshard.dtensor_io import dtensor_from_local
+
+            dt = dtensor_from_local(ts[0], mesh, placements, shape)
+        else:
+            stride = torch.empty(shape, device="meta").stride()
+            dt = DTensor.from_local(
+                _to_wire(ctx, ts[0]),
+                mesh,
+                placements,
+                run_check=True,
+                shape=torch.Size(shape),
+                stride=stride,
+            )
+    except Exception as e:  # the verdict of a refusal is the error itself
+        dist.barrier()  # a rank that refused alone must not leave the others in a collective
+        return {"error": f"{type(e).__name__}: {e}"}, []
+    local_shape, offset = compute_local_shape_and_global_offset(dt.shape, mesh, dt.placements)
+    dist.barrier()
+    return {"box": [list(offset), list(local_shape)], "local_shape": list(dt.to_local().shape)}, []
 
 
 def _fsdp_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:

@@ -219,6 +219,80 @@ class Impl:
             "DTensor chunk lists", pool, "convert.dtensor", args, tensors=[tensor], example=example
         )
 
+    def dtensor_distribute(
+        self,
+        pool: Any,
+        tensor: Any,
+        mesh: Sequence[int],
+        order: Sequence[int],
+        placements: Any,
+        example: str,
+    ) -> list[Any]:
+        """The implementation's ``distribute_tensor`` from rank 0 on a mesh of ``mesh`` shape
+        listing the pool's ranks in ``order`` (row-major): per rank ``value["coordinate"]``
+        and the local tensor."""
+        args = {"mesh": list(mesh), "order": list(order), "placements": placements}
+        return self._run_via(  # type: ignore[no-any-return]
+            "distribute_tensor",
+            pool,
+            "dtensor.distribute",
+            args,
+            tensors=[tensor],
+            example=example,
+        )
+
+    def dtensor_redistribute(
+        self,
+        pool: Any,
+        tensor: Any,
+        mesh: Sequence[int],
+        order: Sequence[int],
+        flatten: bool,
+        src: Any,
+        dst: Any,
+        example: str,
+    ) -> list[Any]:
+        """A DTensor of ``tensor`` with placements ``src`` moved to ``dst`` by the
+        implementation (torch: ``redistribute`` and ``full_tensor``), on a mesh listing the
+        pool's ranks in ``order``, its dims flattened when ``flatten``: per rank
+        ``value["coordinate"]``, the local tensor after the move and the full tensor."""
+        args = {
+            "mesh": list(mesh),
+            "order": list(order),
+            "flatten": flatten,
+            "placements": src,
+            "dst": dst,
+        }
+        return self._run_via(  # type: ignore[no-any-return]
+            "redistribute",
+            pool,
+            "dtensor.redistribute",
+            args,
+            tensors=[tensor],
+            example=example,
+        )
+
+    def dtensor_from_local(
+        self,
+        pool: Any,
+        locals_: Sequence[Any],
+        placements: Any,
+        shape: Sequence[int],
+        example: str,
+    ) -> list[Any]:
+        """``DTensor.from_local`` of rank r's ``locals_[r]`` on a 1-D mesh of the pool's
+        ranks with global ``shape``: per rank ``value["error"]`` (the refusal) or
+        ``value["box"]`` (the [offsets, sizes] its DTensor states for that rank)."""
+        args = {"mesh": [pool.world_size], "placements": placements, "shape": list(shape)}
+        return self._run_via(  # type: ignore[no-any-return]
+            "DTensor.from_local",
+            pool,
+            "dtensor.from_local",
+            args,
+            per_rank_tensors=[[t] for t in locals_],
+            example=example,
+        )
+
     def fsdp_chunk_tensor(self, pool: Any, tensor: Any, example: str) -> list[Any]:
         """FSDP's ShardedTensor of a plain tensor's dim-0 chunks over the pool's ranks: per
         rank ``value["layout"]``, ``value["local"]`` and the local data."""

@@ -19,7 +19,9 @@ DEFECT = {
     "torch_does": "5 rows on a 2 x 2 mesh with a flattened submesh: one flat all-gather assumes "
     "chunks 2/2/1/0 (the pieces are 2/1/1/1), row 4 is lost and a padding row appears",
     "spec_says": "every rank's output equals the global tensor: rows 0, 1, 2, 3, 4",
-    "tests": [],
+    "tests": [
+        "test_dtensor_moves.py::test_redistribute_on_a_flattened_mesh_holds_the_oracles_pieces"
+    ],
 }
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))

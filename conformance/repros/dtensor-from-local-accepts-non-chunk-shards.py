@@ -22,7 +22,7 @@ DEFECT = {
     "[0, 2) [2, 4): rank 0's box holds row 1 it does not have",
     "spec_says": "Shard(0) of 4 rows over 2 is 2 + 2; other local shapes are refused on every "
     "rank before any data moves (fail-fast PR #191472, not merged)",
-    "tests": [],
+    "tests": ["test_dtensor_moves.py::test_from_local_accepts_exactly_the_chunk_rules_shards"],
 }
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))

@@ -36,8 +36,7 @@ gloo, `torchrun --standalone --nproc-per-node 2`.""",
     "nproc": 2,
     "torch_does": "on DeviceMesh('cpu', [1, 0]) rank 0 (coordinate 1) receives chunk 0",
     "spec_says": "coordinate i holds chunk i: rank 0 (coordinate 1) holds row 1",
-    # The pool's meshes are always ascending (0..n-1 row-major): no conformance test reaches this.
-    "tests": [],
+    "tests": ["test_dtensor_moves.py::test_distribute_puts_each_piece_at_its_mesh_coordinate"],
 }
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))

@@ -193,11 +193,11 @@ def reshard_dtensor(
     world) must call. Shard(0) -> Shard(1) and friends take one ``all_to_all_single`` instead
     of DTensor's CPU fallback through an all-gather.
     """
-    import torch
     import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
 
-    from shardspec.metadata.dtensor import dtensor_layout, dtensor_local_slices, from_dtensor
+    from shardspec.metadata.dtensor import dtensor_layout, from_dtensor
+
+    from .dtensor_io import wrap_local
 
     shape = tuple(dt.shape)
     src = from_dtensor(dt)
@@ -212,22 +212,9 @@ def reshard_dtensor(
         dtype=dt.dtype,
         device=dt.to_local().device,
     )
-    boxes = dst.boxes_of(me)
-    if boxes:
-        slices = dtensor_local_slices(boxes)
-        local_shape = [max(sl[d].stop for sl in slices) if slices else 0 for d in range(len(shape))]
-        local = torch.empty(local_shape, dtype=dt.dtype, device=dt.to_local().device)
-        for sl, t in zip(slices, parts):
-            local[sl] = t
-    else:
-        local = torch.empty((0,) * len(shape), dtype=dt.dtype, device=dt.to_local().device)
-    return DTensor.from_local(
-        local,
-        device_mesh,
-        placements,
-        run_check=False,
-        shape=torch.Size(shape),
-        stride=torch.empty(shape, device="meta").stride(),
+    device = dt.to_local().device
+    return wrap_local(
+        parts, dst.boxes_of(me), shape, device_mesh, placements, dtype=dt.dtype, device=device
     )
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +47,8 @@ class Context:
     backend: str
     device_type: str = "cpu"
     group: Any = None
-    meshes: dict[tuple[int, ...], Any] = field(default_factory=dict)
+    # keyed by (shape, rank order, flattened); operations may add keys of their own
+    meshes: dict[Any, Any] = field(default_factory=dict)
     # what operations build once per process group (subgroups, say): gone with the context
     cache: dict[str, Any] = field(default_factory=dict)
 
@@ -57,16 +58,31 @@ class Context:
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
 
-    def mesh(self, shape: tuple[int, ...]) -> Any:
+    def mesh(
+        self,
+        shape: tuple[int, ...],
+        order: Sequence[int] | None = None,
+        *,
+        flatten: bool = False,
+    ) -> Any:
         """The DeviceMesh of ``shape`` over all ranks, built once (building one is collective,
-        and every rank asks for meshes in the same order because it runs the same examples)."""
-        mesh = self.meshes.get(shape)
+        and every rank asks for meshes in the same order because it runs the same examples).
+
+        ``order`` lists the ranks in row-major mesh order (default ascending). ``flatten``
+        names the dims ``d0, d1, ...`` and registers their flattened submesh, which sends
+        DTensor's redistribute down its one-collective paths."""
+        ranks = tuple(order) if order is not None else tuple(range(self.world))
+        key = (shape, ranks, flatten)
+        mesh = self.meshes.get(key)
         if mesh is None:
             from torch.distributed.device_mesh import DeviceMesh
 
-            ids = torch.arange(self.world).reshape(shape)
-            mesh = DeviceMesh(self.device.type, ids)
-            self.meshes[shape] = mesh
+            ids = torch.tensor(ranks).reshape(shape)
+            names = tuple(f"d{i}" for i in range(len(shape))) if flatten else None
+            mesh = DeviceMesh(self.device.type, ids, mesh_dim_names=names)
+            if flatten and len(shape) > 1:
+                mesh._flatten()
+            self.meshes[key] = mesh
         return mesh
 
 

@@ -63,36 +63,15 @@ def placement_repr(p: list[Any]) -> str:
 
 
 def placements_from_json(obj: Any) -> list[Any]:
-    """The torch placement objects of a JSON placement list (imports torch)."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.placement_types import _StridedShard
+    """The torch placement objects of a JSON placement list (``shardspec.metadata.placements``'
+    form, DTENSOR-11; dims kept as written, negative included; imports torch)."""
+    from shardspec.metadata.placements import placement_from_json, to_torch
 
-    out: list[Any] = []
-    for p in obj:
-        if p == ["R"]:
-            out.append(Replicate())
-        elif isinstance(p, list) and len(p) == 2 and p[0] == "S" and isinstance(p[1], int):
-            out.append(Shard(p[1]))
-        elif isinstance(p, list) and len(p) == 3 and p[0] == "SS":
-            out.append(_StridedShard(p[1], split_factor=p[2]))
-        else:
-            raise ValueError(f"bad placement {p!r}: expected ['S', d], ['R'] or ['SS', d, f]")
-    return out
+    return [to_torch(placement_from_json(p)) for p in obj]
 
 
 def placements_to_json(placements: Any) -> list[Any]:
     """The JSON form of torch placement objects (dims kept as written, negative included)."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.placement_types import _StridedShard
+    from shardspec.metadata.placements import from_torch, placement_to_json
 
-    out: list[Any] = []
-    for p in placements:
-        if isinstance(p, _StridedShard):
-            out.append(["SS", int(p.dim), int(p.split_factor)])
-        elif isinstance(p, Shard):
-            out.append(["S", int(p.dim)])
-        elif isinstance(p, Replicate):
-            out.append(["R"])
-        else:
-            raise ValueError(f"placement {p!r} has no JSON form here")
-    return out
+    return [placement_to_json(from_torch(p)) for p in placements]

@@ -21,8 +21,8 @@ from shardspec.metadata.placements import (
 )
 
 placements: st.SearchStrategy[Placement] = st.one_of(
-    st.builds(ShardDim, st.integers(0, 9)),
-    st.builds(StridedShardDim, st.integers(0, 9), st.integers(1, 9)),
+    st.builds(ShardDim, st.integers(-9, 9)),
+    st.builds(StridedShardDim, st.integers(-9, 9), st.integers(1, 9)),
     st.just(Replicate()),
 )
 
@@ -45,8 +45,22 @@ def test_json_forms_are_the_documented_ones() -> None:
 @pytest.mark.rule("DTENSOR-11")
 @pytest.mark.parametrize(
     "bad",
-    [["S", -1], ["SS", 0, 0], ["S", True], ["X", 0], ["S"], ["R", 0], "S", None, ["SS", 0]],
+    [["S", 1.5], ["SS", 0, 0], ["S", True], ["X", 0], ["S"], ["R", 0], "S", None, ["SS", 0]],
 )
 def test_malformed_json_is_refused_naming_it(bad: Any) -> None:
     with pytest.raises(LayoutError, match=r"placement|ShardDim|StridedShardDim"):
         placement_from_json(bad)
+
+
+@pytest.mark.rule("DTENSOR-11", "DTENSOR-1")
+def test_a_negative_dim_counts_from_the_end_once_the_ndim_is_known() -> None:
+    from shardspec.metadata.dtensor_math import Split
+    from shardspec.metadata.placements import to_split
+
+    assert placement_from_json(["S", -1]) == ShardDim(-1)
+    assert to_split(ShardDim(-1), 3) == Split(2)
+    assert to_split(StridedShardDim(-3, 2), 3) == Split(0, 2)
+    with pytest.raises(LayoutError, match="give the tensor's ndim"):
+        to_split(ShardDim(-1))
+    with pytest.raises(LayoutError, match="out of range for a 2-d tensor"):
+        to_split(ShardDim(-3), 2)

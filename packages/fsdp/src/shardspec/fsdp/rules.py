@@ -190,7 +190,7 @@ def dtensor_boxes(
     of each dim's runs, an empty piece at its parent's end (DTENSOR-6)."""
     shp = _check_shape(shape)
     mshape = as_index_tuple(mesh_shape, "mesh shape")
-    return local_boxes(shp, mshape, [to_split(p) for p in placements], coord)
+    return local_boxes(shp, mshape, [to_split(p, len(shp)) for p in placements], coord)
 
 
 def placements_layout(
@@ -205,7 +205,7 @@ def placements_layout(
     shp = _check_shape(shape)
     mshape = as_index_tuple(mesh_shape, "mesh shape")
     rks = _mesh_ranks(mshape, ranks)
-    return mesh_layout(shp, mshape, rks, [to_split(p) for p in placements])
+    return mesh_layout(shp, mshape, rks, [to_split(p, len(shp)) for p in placements])
 
 
 def fsdp2_placements(

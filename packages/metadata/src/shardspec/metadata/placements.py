@@ -32,27 +32,30 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class ShardDim:
-    """``Shard(dim)``: chunk the current local extent of ``dim`` over the mesh dim."""
+    """``Shard(dim)``: chunk the current local extent of ``dim`` over the mesh dim. A
+    negative ``dim`` counts from the end, as torch's ``Shard(-1)`` (:func:`to_split` resolves
+    it against the tensor's number of dims)."""
 
     dim: int
 
     def __post_init__(self) -> None:
-        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim < 0:
-            raise LayoutError(f"ShardDim.dim must be a non-negative int, got {self.dim!r}")
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int):
+            raise LayoutError(f"ShardDim.dim must be an int, got {self.dim!r}")
 
 
 @dataclass(frozen=True, slots=True)
 class StridedShardDim:
     """``_StridedShard(dim, split_factor)``: split the current extent of ``dim`` into
     ``split_factor`` chunks, chunk each of those over the mesh dim, and give coordinate ``c``
-    the ``c``-th piece of every one of them, concatenated."""
+    the ``c``-th piece of every one of them, concatenated. A negative ``dim`` counts from the
+    end, as for :class:`ShardDim`."""
 
     dim: int
     split_factor: int
 
     def __post_init__(self) -> None:
-        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim < 0:
-            raise LayoutError(f"StridedShardDim.dim must be a non-negative int, got {self.dim!r}")
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int):
+            raise LayoutError(f"StridedShardDim.dim must be an int, got {self.dim!r}")
         if (
             isinstance(self.split_factor, bool)
             or not isinstance(self.split_factor, int)
@@ -71,19 +74,29 @@ class Replicate:
 Placement = ShardDim | StridedShardDim | Replicate
 
 
-def to_split(placement: Placement) -> Split | None:
+def to_split(placement: Placement, ndim: int | None = None) -> Split | None:
     """The placement in ``shardspec.metadata.dtensor_math``'s terms (None for Replicate), so
-    one implementation of DTensor's layout rules serves both packages."""
+    one implementation of DTensor's layout rules serves both packages. A negative dim is
+    resolved against ``ndim``, the tensor's number of dims (required then)."""
     if isinstance(placement, Replicate):
         return None
+    if not isinstance(placement, (ShardDim, StridedShardDim)):
+        raise LayoutError(
+            f"placement {placement!r} is not a ShardDim, StridedShardDim or Replicate "
+            "(convert torch placements with from_torch)"
+        )
+    dim = placement.dim
+    if dim < 0:
+        if ndim is None:
+            raise LayoutError(
+                f"placement {placement!r} counts its dim from the end: give the tensor's ndim"
+            )
+        if dim + ndim < 0:
+            raise LayoutError(f"placement {placement!r} is out of range for a {ndim}-d tensor")
+        dim += ndim
     if isinstance(placement, StridedShardDim):
-        return Split(placement.dim, placement.split_factor)
-    if isinstance(placement, ShardDim):
-        return Split(placement.dim)
-    raise LayoutError(
-        f"placement {placement!r} is not a ShardDim, StridedShardDim or Replicate "
-        "(convert torch placements with from_torch)"
-    )
+        return Split(dim, placement.split_factor)
+    return Split(dim)
 
 
 def from_torch(placement: Any) -> Placement:

@@ -274,3 +274,27 @@ def test_flat_blocks_cover_the_range_in_row_major_order(
             flat.append(sum(i * math.prod(sizes[d + 1 :]) for d, i in enumerate(x)))
     assert flat == list(range(lo, hi))
     assert len(blocks) <= max(1, 2 * len(sizes) - 1)
+
+
+@pytest.mark.rule("LAYOUT-6")
+@pytest.mark.parametrize("n", [2**63, 2**70])
+@pytest.mark.parametrize("shards", [2, 70])  # below and above the NumPy-indexed size
+def test_a_dim_beyond_int64_is_a_layout_error_not_an_overflow(n: int, shards: int) -> None:
+    a = chunk_layout((n,), 0, range(shards))
+    b = chunk_layout((n,), 0, list(reversed(range(shards))))
+    with pytest.raises(LayoutError, match="beyond int64"):
+        plan(a, b)
+
+
+@pytest.mark.rule("LAYOUT-6")
+def test_a_rank_beyond_int64_is_a_layout_error_not_an_overflow() -> None:
+    a = Layout((4,), [Shard(Box((0,), (4,)), 2**64)])
+    with pytest.raises(LayoutError, match=r"rank .* beyond int64"):
+        plan(a, chunk_layout((4,), 0, [0]))
+
+
+@pytest.mark.rule("LAYOUT-6")
+def test_the_largest_int64_dim_still_plans() -> None:
+    n = 2**63 - 1
+    p = plan(chunk_layout((n,), 0, [0, 1]), chunk_layout((n,), 0, [1, 0]))
+    assert sum(piece.numel for piece in p.pieces) == n

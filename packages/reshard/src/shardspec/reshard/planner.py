@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from shardspec.metadata import Box, Layout, LayoutError, chunk_bounds
+from shardspec.metadata.errors import shorten
 
 from .index import BoxIndex
 
@@ -140,6 +141,8 @@ def plan(src: Layout, dst: Layout, rank: int | None = None, *, validate: bool = 
         )
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
         raise ValueError(f"rank must be a non-negative int or None, got {rank!r}")
+    for what, layout in (("source", src), ("destination", dst)):
+        _require_int64(layout, what)
     if validate:
         try:
             src.validate()
@@ -154,6 +157,23 @@ def plan(src: Layout, dst: Layout, rank: int | None = None, *, validate: bool = 
                 f"destination layout: {e}", kind=e.kind, shards=e.shards, point=e.point
             ) from e
     return _Planner(src, dst).run(rank)
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _require_int64(layout: Layout, what: str) -> None:
+    """The planner indexes boxes with int64 arrays: a dim or rank beyond int64 would wrap.
+    No tensor has such a dim, so it is refused rather than planned exactly (LAYOUT-6)."""
+    big = [d for d in layout.shape if d > _INT64_MAX]
+    if big:
+        raise LayoutError(
+            f"{what} layout: shape {shorten(layout.shape)} has a dim beyond int64 "
+            f"({shorten(big[0])}); no tensor can be resharded at that size"
+        )
+    top = max(layout.ranks, default=0)
+    if top > _INT64_MAX:
+        raise LayoutError(f"{what} layout: rank {shorten(top)} is beyond int64")
 
 
 _SMALL = 16  # layouts with at most this many shards are indexed without NumPy

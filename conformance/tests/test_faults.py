@@ -220,8 +220,8 @@ def test_public_constructors_raise_only_the_packages_errors(
     impl: Impl, a: Any, b: Any, c: Any
 ) -> None:
     _ours(impl)
-    """Box, Shard, Layout, the chunk rule, the specs and inference, fed anything: they
-    return, or raise LayoutError / ConversionError; never a TypeError, OverflowError,
+    """Box, Shard, Layout, the chunk rule, the specs and inference, the planner, fed
+    anything: they return, or raise LayoutError / ConversionError; never a TypeError, OverflowError,
     RecursionError or anything else."""
     _only_ours(Box, a, b)
     _only_ours(Box.from_bounds, a, b)
@@ -245,6 +245,40 @@ def test_public_constructors_raise_only_the_packages_errors(
         return
     _only_ours(layout.validate)
     _only_ours(layout.with_ranks, a)
+    from shardspec.reshard import plan
+
+    _only_ours(plan, layout, layout)
+    _only_ours(plan, layout, Layout.replicated(layout.shape, [1]))
+
+
+_EXTENTS = st.sampled_from([0, 1, 5, 2**31, 2**62, 2**63 - 1, 2**63, 2**64, 2**70])
+
+
+@pytest.mark.rule("LAYOUT-6", "LAYOUT-7")
+@settings(max_examples=100, deadline=None)
+@given(
+    shape=st.lists(_EXTENTS, min_size=1, max_size=3),
+    chunks=st.integers(1, 40),
+    ranks=st.lists(st.one_of(st.integers(0, 40), _EXTENTS), min_size=1, max_size=40),
+)
+def test_extents_at_and_beyond_int64_raise_only_the_packages_errors(
+    impl: Impl, shape: list[int], chunks: int, ranks: list[int]
+) -> None:
+    """Dims and ranks around 2**63 through the chunk rule, validation and the planner
+    (which indexes with int64 arrays, beyond 16 shards with NumPy): exact answers or
+    LayoutError, never an OverflowError."""
+    _ours(impl)
+    from shardspec.reshard import plan
+
+    try:
+        src = chunk_layout(shape, 0, range(chunks))
+        dst = chunk_layout(shape, len(shape) - 1, ranks)
+    except OURS:
+        return
+    _only_ours(src.validate)
+    _only_ours(dst.validate)
+    _only_ours(plan, src, dst)
+    _only_ours(plan, dst, src, 0)
 
 
 @pytest.mark.rule("LAYOUT-7")

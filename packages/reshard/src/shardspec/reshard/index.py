@@ -22,6 +22,7 @@ holds empty boxes, and a query with an empty box returns nothing.
 from __future__ import annotations
 
 import itertools
+import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from typing import Any
@@ -150,6 +151,9 @@ def _clipped_grid(
     return list(zip(ids, itertools.product(*los), itertools.product(*sizes)))
 
 
+_KEY_WIDTH_MAX = math.isqrt(2**63 - 1)  # width * width stays below int64's top
+
+
 def _build_grid(
     offs: Any, ends: Any, shape: tuple[int, ...]
 ) -> tuple[list[list[int]], list[list[int]], Any] | None:
@@ -164,10 +168,16 @@ def _build_grid(
     cells = 1
     for d in range(nd):
         # Distinct (start, stop) pairs as one int64 key each: a 1-D unique is much faster than
-        # np.unique(axis=0).
+        # np.unique(axis=0), but start * width + stop wraps int64 once the dim passes
+        # sqrt(2**63) (3e9 rows: a large embedding table), so those dims take the pairs.
         width = int(shape[d]) + 1
-        keys = np.unique(offs[:, d] * width + ends[:, d])
-        s, e = keys // width, keys % width
+        if width <= _KEY_WIDTH_MAX:
+            keys = np.unique(offs[:, d] * width + ends[:, d])
+            s, e = keys // width, keys % width
+        else:
+            pairs = np.unique(np.stack([offs[:, d], ends[:, d]], axis=1), axis=0)
+            s, e = pairs[:, 0], pairs[:, 1]
+            keys = s
         # The intervals must tile the covered span without overlap (a partition of one dim).
         if np.any(s[1:] != e[:-1]):
             return None

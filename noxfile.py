@@ -108,12 +108,15 @@ def conformance(session: nox.Session) -> None:
 
 
 # World sizes `conformance_scale` simulates, and the areas it runs there (dtensor: meshes of
-# exactly W devices up to 4-D; reshard: layouts over W ranks, more ranks than rows).
+# exactly W devices up to 4-D; reshard: layouts over W ranks, more ranks than rows; fsdp: FSDP x
+# TP and HSDP x TP meshes of W devices, 2-D to 4-D; validation: grids and chunkings of W cells).
 SCALE_WORLDS = "8,64,512,1024"
 SCALE_AREAS = (
     "conformance/tests/test_reshard.py",
     "conformance/tests/test_dtensor.py",
     "conformance/tests/test_dtensor_moves.py",
+    "conformance/tests/test_fsdp.py",
+    "conformance/tests/test_validation.py",
 )
 
 
@@ -144,8 +147,9 @@ def conformance_launched(session: nox.Session) -> None:
 
 @nox.session
 def conformance_scale(session: nox.Session) -> None:
-    """The reshard and dtensor areas on simulated worlds of 8 to 1024 ranks (threads on
-    torch's threaded process group), against shardspec and against torch."""
+    """The reshard, dtensor, fsdp (HSDP x TP, 3-D and 4-D meshes) and validation areas on
+    simulated worlds of 8 to 1024 ranks (threads on torch's threaded process group), against
+    shardspec and against torch."""
     rest = install_stack(session)
     session.env["SHARDSPEC_SIM_WORLDS"] = os.environ.get("SHARDSPEC_SIM_WORLDS", SCALE_WORLDS)
     session.env["HYPOTHESIS_PROFILE"] = "short"

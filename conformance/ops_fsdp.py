@@ -16,23 +16,71 @@ from conformance.ops import Context, _from_wire, _to_wire, operation
 __all__: list[str] = []
 
 
-def _fsdp_mesh(ctx: Context, dp: int, tp: int) -> Any:
-    # A named ("dp", "tp") mesh: FSDP's hooks find the TP and dp dims of the root mesh by name.
-    key = (-1, dp, tp)  # not a mesh shape, so it never collides with ctx.mesh's cache
+def _dim_names(ndim: int) -> tuple[str, ...]:
+    """``("rep0", ..., "dp", "tp")``: the outer dims replicate (HSDP's replicate dim, and one
+    more replicate-like dim on a 4-D mesh), FSDP shards over "dp", TP over "tp"."""
+    return (*(f"rep{i}" for i in range(ndim - 2)), "dp", "tp")
+
+
+def _fsdp_mesh(ctx: Context, shape: tuple[int, ...]) -> Any:
+    # A named (*outer, "dp", "tp") mesh: FSDP's hooks find the TP and dp dims of the root mesh
+    # by name. Built from this rank's own group per dim (each created by its members only):
+    # DeviceMesh's constructor has every rank create every group of every dim, which takes
+    # minutes for a 4-D mesh of a 1024-rank simulated world and seconds this way.
+    key = (-1, *shape)  # not a mesh shape, so it never collides with ctx.mesh's cache
     mesh = ctx.meshes.get(key)
     if mesh is None:
         from torch.distributed.device_mesh import DeviceMesh
 
-        ids = torch.arange(ctx.world).reshape(dp, tp)
-        mesh = DeviceMesh(ctx.device.type, ids, mesh_dim_names=("dp", "tp"))
+        ids = torch.arange(ctx.world).reshape(shape)
+        coord = [int(c) for c in torch.nonzero(ids == ctx.rank)[0]]
+        groups = []
+        for d in range(len(shape)):
+            index: list[Any] = list(coord)
+            index[d] = slice(None)
+            groups.append(_group(ctx, tuple(ids[tuple(index)].tolist())))
+        mesh = DeviceMesh.from_group(
+            groups, ctx.device.type, mesh=ids, mesh_dim_names=_dim_names(len(shape))
+        )
         ctx.meshes[key] = mesh
     return mesh
 
 
+def _group(ctx: Context, ranks: tuple[int, ...]) -> Any:
+    """The process group of ``ranks`` (this rank among them), created once per pool world:
+    a group created by its members only is named after its ranks."""
+    key = (-2, *ranks)
+    group = ctx.meshes.get(key)
+    if group is None:
+        import torch.distributed as dist
+
+        group = dist.new_group(list(ranks), use_local_synchronization=True)
+        ctx.meshes[key] = group
+    return group
+
+
+def _submesh(ctx: Context, mesh: Any, names: tuple[str, ...]) -> Any:
+    key = (-3, *mesh.mesh.shape, *names)  # slicing walks the whole mesh: once per shape
+    sub = ctx.meshes.get(key)
+    if sub is None:
+        sub = ctx.meshes[key] = mesh[names[0]] if len(names) == 1 else mesh[names]
+    return sub
+
+
+def _mesh_shape(ctx: Context, args: dict[str, Any]) -> tuple[int, ...]:
+    shape = tuple(int(k) for k in args["mesh"])
+    if not 2 <= len(shape) <= 4 or any(k < 1 for k in shape):
+        raise ValueError(f"mesh {list(shape)} is not a (*outer, dp, tp) mesh of 2 to 4 dims")
+    n = 1
+    for k in shape:
+        n *= k
+    if n != ctx.world:
+        raise ValueError(f"mesh {list(shape)} has {n} devices, the pool {ctx.world} ranks")
+    return shape
+
+
 def _check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
-    dp, tp = args["mesh"]
-    if dp * tp != ctx.world:
-        raise ValueError(f"mesh {args['mesh']} has {dp * tp} devices, the pool {ctx.world} ranks")
+    _mesh_shape(ctx, args)
     if len(ts) != 1 or ts[0].ndim < 1:
         raise ValueError("fsdp.tp_chunk takes one global tensor of at least 1 dim")
     pl = args["tp"]
@@ -60,38 +108,50 @@ def _extension(impl: str) -> Any:
 def _tp_chunk(
     ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
 ) -> tuple[Any, list[torch.Tensor]]:
-    """TP-shard the global tensor on the ("dp", "tp") mesh, run the implementation's FSDP1
-    hook (``chunk_dtensor`` or ``chunk_tensor``) and return the boxes it states for this rank
-    and the local data."""
+    """TP-shard the global tensor on the (*outer, "dp", "tp") mesh (outer dims: HSDP's
+    replicate dims), run the implementation's FSDP1 hook (``chunk_dtensor`` on FSDP's
+    (*outer, "dp") submesh, or ``chunk_tensor`` on the dp group) and return the boxes it states
+    for this rank and the local data."""
     import torch.distributed as dist
     from torch.distributed._shard.sharded_tensor.api import ShardedTensor
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    dp, tp = args["mesh"]
-    mesh = _fsdp_mesh(ctx, dp, tp)
+    shape = _mesh_shape(ctx, args)
+    dp, tp = shape[-2:]
+    mesh = _fsdp_mesh(ctx, shape)
     pl = args["tp"]
     tp_pl = Shard(pl[1]) if pl[0] == "S" else Replicate()
     # Every rank has the global tensor: cut the TP piece locally (gloo cannot broadcast every
     # dtype, and the TP split is not what is under test).
     dtype = ts[0].dtype
     g = _to_wire(ctx, ts[0])  # upstream's hook communicates; gloo lacks some dtypes
-    p, t = mesh.get_coordinate()
+    *_, p, t = mesh.get_coordinate()
     if pl[0] == "S":
         pieces = g.chunk(tp, pl[1])
         piece = pieces[t] if t < len(pieces) else g.narrow(pl[1], g.shape[pl[1]], 0)
     else:
         piece = g
     dt = DTensor.from_local(
-        piece.contiguous(), mesh["tp"], [tp_pl], run_check=False, shape=g.shape, stride=g.stride()
+        piece.contiguous(),
+        _submesh(ctx, mesh, ("tp",)),
+        [tp_pl],
+        run_check=False,
+        shape=g.shape,
+        stride=g.stride(),
     )
     ext = _extension(args["impl"])
     boxes: list[list[list[int]]] = []
     if args["hook"] == "dtensor":
-        out = ext.chunk_dtensor(dt, p, mesh["dp"])
+        # FSDP's device mesh: "dp" alone, or (outer..., "dp") for HSDP, as FSDP1 is given it.
+        out = ext.chunk_dtensor(dt, p, _submesh(ctx, mesh, mesh.mesh_dim_names[:-1]))
         if isinstance(out, DTensor):
-            from shardspec.metadata.dtensor import from_dtensor
+            from shardspec.metadata.dtensor import dtensor_local_boxes
 
-            boxes = [[list(b.offsets), list(b.sizes)] for b in from_dtensor(out).boxes_of(ctx.rank)]
+            # This rank's boxes only: the whole layout, on every rank, is O(world^2) work for
+            # a simulated world.
+            coord = out.device_mesh.get_coordinate()
+            stated = dtensor_local_boxes(out.shape, out.device_mesh, out.placements, coord)
+            boxes = [[list(b.offsets), list(b.sizes)] for b in stated]
             local = out.to_local()
         elif isinstance(out, ShardedTensor):
             (sh,) = out.local_shards()
@@ -100,7 +160,7 @@ def _tp_chunk(
         else:
             raise TypeError(f"chunk_dtensor returned {type(out).__name__}")
     else:
-        st = ext.chunk_tensor(dt, p, dp, 1, mesh["dp"].get_group())
+        st = ext.chunk_tensor(dt, p, dp, 1, _submesh(ctx, mesh, ("dp",)).get_group())
         (outer,) = st.local_shards()
         inner = outer.tensor.local_shards() if isinstance(outer.tensor, ShardedTensor) else []
         if len(inner) > 1:
@@ -180,7 +240,7 @@ def _flatten(
     from torch.distributed.tensor import DTensor, Shard
 
     dp, tp = args["mesh"]
-    mesh = _fsdp_mesh(ctx, dp, tp)
+    mesh = _fsdp_mesh(ctx, (dp, tp))
     d = args["tp_dim"]
     p, t = mesh.get_coordinate()
     g = ts[0]

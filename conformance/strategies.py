@@ -216,6 +216,31 @@ def factorizations(draw: st.DrawFn, world: int, max_dims: int = 4) -> tuple[int,
     return tuple(draw(st.permutations(out)))
 
 
+# FSDP x TP meshes of up to 4 pool ranks: (dp, tp), and HSDP x TP with outer replicate dims.
+POOLED_FSDP_MESHES = (
+    (1, 1), (1, 2), (2, 1), (2, 2), (1, 3), (3, 1), (1, 4), (4, 1),
+    (2, 1, 2), (2, 2, 1), (1, 2, 2), (2, 1, 1, 2),
+)  # fmt: skip
+
+
+@st.composite
+def fsdp_meshes(draw: st.DrawFn) -> tuple[int, ...]:
+    """A ``(*outer, dp, tp)`` mesh shape for FSDP x TP: 2-D, or 3-D / 4-D HSDP x TP (outer dims
+    replicate). With simulated worlds, a factorization of one of them, largest world first (so
+    a run of a few examples starts at 1024 ranks: rank numbers above 255), padded with size-1
+    dims to at least 2-D; dp or tp larger than the tensor's rows, size-1 dims included."""
+    from shardspec.testing.devices import simulated_worlds
+
+    worlds = simulated_worlds()
+    if not worlds:
+        return draw(st.sampled_from(POOLED_FSDP_MESHES))
+    world = draw(st.sampled_from(sorted(worlds, reverse=True)))
+    dims = list(draw(factorizations(world)))
+    if len(dims) < 2:
+        dims.insert(draw(st.integers(0, 1)), 1)
+    return tuple(dims)
+
+
 @st.composite
 def placement_lists(draw: st.DrawFn, ndim: int, mesh_ndim: int) -> list[Any]:
     """JSON placements (``["S", d]``, ``["R"]``, ``["SS", d, f]``), drawn with the shared
@@ -254,6 +279,7 @@ __all__ = [
     "dtensor_pool_cases",
     "dtypes",
     "factorizations",
+    "fsdp_meshes",
     "grid_layouts",
     "guillotine_layouts",
     "layouts_with_buried_empty_shard",

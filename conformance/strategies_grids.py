@@ -1,18 +1,21 @@
 """Large layouts for the validation area: regular grids and chunkings of 64 to a few hundred
-shards, where a validator may switch to another algorithm (shardspec's validates layouts of
-64 shards or more in NumPy), and the same grids with one box straddling a cell boundary.
+shards (as many as a simulated world, up to 1024, under `nox -s conformance_scale`), where a
+validator may switch to another algorithm (shardspec's validates layouts of 64 shards or more
+in NumPy), and the same grids with one box straddling a cell boundary.
 
 A straddling box hides one mistake in an otherwise regular grid: it reaches into its
 neighbour's cell (an overlap), stops short of its own cell's end (a gap), moves by a row (both),
 or takes part of the neighbour's cell that the neighbour gives up (valid, but no longer a product
 grid). The brute-force oracle decides; the strategies only make sure every kind turns up.
-Sizes stay small (at most a few thousand elements) so the oracle's enumeration stays cheap.
+Sizes stay small (a few thousand elements; tens of thousands for the 1024 cells of a simulated
+world) so the oracle's enumeration stays cheap.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from itertools import accumulate, pairwise
 
 from hypothesis import strategies as st
@@ -27,6 +30,7 @@ __all__ = [
     "large_grid_layouts",
     "large_layouts",
     "near_grid_layouts",
+    "scale_worlds",
 ]
 
 # The number of shards from which the layouts here start: shardspec's NumPy threshold
@@ -36,10 +40,25 @@ LARGE_FROM = 64
 STRADDLE_KINDS = ("overlap", "gap", "shift", "take")
 
 
+def scale_worlds() -> tuple[int, ...]:
+    """The simulated world sizes (SHARDSPEC_SIM_WORLDS) of LARGE_FROM ranks or more, largest
+    first; empty when none are set. Passed as ``worlds`` below, they make the layouts exactly
+    that many cells or ranks (1024: rank numbers above 255), the largest first, so a run of a
+    few examples starts there."""
+    from shardspec.testing.devices import simulated_worlds
+
+    return tuple(sorted((w for w in simulated_worlds() if w >= LARGE_FROM), reverse=True))
+
+
 @st.composite
-def _cell_counts(draw: st.DrawFn, max_cells: int) -> tuple[int, ...]:
+def _cell_counts(draw: st.DrawFn, max_cells: int, worlds: Sequence[int]) -> tuple[int, ...]:
     """Per-dim cell counts (1-D to 3-D) whose product lies in [LARGE_FROM, max_cells]; the
-    last dim's count is drawn within the range the others leave."""
+    last dim's count is drawn within the range the others leave. With ``worlds``: a
+    factorization of one of them (size-1 dims included)."""
+    if worlds:
+        from .strategies import factorizations
+
+        return draw(factorizations(draw(st.sampled_from(worlds)), max_dims=3))
     nd = draw(st.integers(1, 3))
     lead = [draw(st.integers(2, 8)) for _ in range(nd - 1)]
     rest = math.prod(lead)
@@ -48,9 +67,11 @@ def _cell_counts(draw: st.DrawFn, max_cells: int) -> tuple[int, ...]:
 
 
 @st.composite
-def _grid(draw: st.DrawFn, max_cells: int) -> tuple[tuple[int, ...], list[list[tuple[int, int]]]]:
+def _grid(
+    draw: st.DrawFn, max_cells: int, worlds: Sequence[int]
+) -> tuple[tuple[int, ...], list[list[tuple[int, int]]]]:
     """A shape and, per dim, its cells as consecutive (start, stop) intervals of size 1-3."""
-    counts = draw(_cell_counts(max_cells))
+    counts = draw(_cell_counts(max_cells, worlds))
     rnd = draw(_bulk())
     per_dim: list[list[tuple[int, int]]] = []
     for k in counts:
@@ -80,10 +101,13 @@ def _cells(per_dim: list[list[tuple[int, int]]]) -> list[Box]:
 
 
 @st.composite
-def large_grid_layouts(draw: st.DrawFn, *, max_cells: int = 300) -> Layout:
-    """A valid regular grid of LARGE_FROM..max_cells cells, one rank per cell in a drawn
-    order, sometimes with empty boxes on extra ranks and a few replicated cells."""
-    shape, per_dim = draw(_grid(max_cells))
+def large_grid_layouts(
+    draw: st.DrawFn, *, max_cells: int = 300, worlds: Sequence[int] = ()
+) -> Layout:
+    """A valid regular grid of LARGE_FROM..max_cells cells (with ``worlds``: as many cells as
+    one of them), one rank per cell in a drawn order, sometimes with empty boxes on extra ranks
+    and a few replicated cells."""
+    shape, per_dim = draw(_grid(max_cells, worlds))
     cells = _cells(per_dim)
     order = _order(draw, len(cells))
     shards = [Shard(c, r) for c, r in zip(cells, order)]
@@ -122,9 +146,12 @@ def _with(box: Box, d: int, offset: int, size: int) -> Box:
 
 
 @st.composite
-def near_grid_layouts(draw: st.DrawFn, *, max_cells: int = 300) -> tuple[Layout, str]:
-    """``(layout, kind)``: a large regular grid (one cell per rank) with one box straddling a
-    cell boundary along one dim; ``kind`` is one of STRADDLE_KINDS:
+def near_grid_layouts(
+    draw: st.DrawFn, *, max_cells: int = 300, worlds: Sequence[int] = ()
+) -> tuple[Layout, str]:
+    """``(layout, kind)``: a large regular grid (one cell per rank; ``worlds`` as in
+    :func:`large_grid_layouts`) with one box straddling a cell boundary along one dim; ``kind``
+    is one of STRADDLE_KINDS:
 
     - ``overlap``: the box grows into the next cell, which keeps its rows;
     - ``gap``: the box shrinks, and nothing covers the rows it gave up;
@@ -132,7 +159,7 @@ def near_grid_layouts(draw: st.DrawFn, *, max_cells: int = 300) -> tuple[Layout,
     - ``take``: the box grows into the next cell and the next cell gives those rows up
       (valid, but no longer a product grid).
     """
-    shape, per_dim = draw(_grid(max_cells))
+    shape, per_dim = draw(_grid(max_cells, worlds))
     cells = _cells(per_dim)
     d = draw(st.integers(0, len(shape) - 1))
     movable = [c for c in cells if _neighbour(per_dim, c, d) is not None]
@@ -164,11 +191,14 @@ def near_grid_layouts(draw: st.DrawFn, *, max_cells: int = 300) -> tuple[Layout,
 
 
 @st.composite
-def large_chunk_layouts(draw: st.DrawFn, *, max_ranks: int = 300, perturb: bool = True) -> Layout:
-    """A chunking over LARGE_FROM..max_ranks ranks (more ranks than rows included, so empty
-    chunks at the end), in a drawn rank order and shard order; with ``perturb``, maybe one
-    chunk moved or resized by a row (about half are then invalid)."""
-    k = draw(st.integers(LARGE_FROM, max_ranks))
+def large_chunk_layouts(
+    draw: st.DrawFn, *, max_ranks: int = 300, perturb: bool = True, worlds: Sequence[int] = ()
+) -> Layout:
+    """A chunking over LARGE_FROM..max_ranks ranks (with ``worlds``: over as many ranks as one
+    of them; more ranks than rows included, so empty chunks at the end), in a drawn rank order
+    and shard order; with ``perturb``, maybe one chunk moved or resized by a row (about half
+    are then invalid)."""
+    k = draw(st.sampled_from(worlds) if worlds else st.integers(LARGE_FROM, max_ranks))
     n = draw(st.integers(1, 3 * k))
     other = draw(st.lists(st.integers(1, 3), max_size=2))
     dim = draw(st.integers(0, len(other)))

@@ -6,6 +6,7 @@ views, and a rank with nothing local."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ from hypothesis import Phase, find, settings
 from hypothesis.errors import NoSuchExample
 
 from conformance import reference
+from conformance.strategies import fsdp_meshes
 from conformance.strategies_grids import (
     LARGE_FROM,
     STRADDLE_KINDS,
@@ -22,6 +24,7 @@ from conformance.strategies_grids import (
     large_chunk_layouts,
     large_grid_layouts,
     near_grid_layouts,
+    scale_worlds,
 )
 from conformance.strategies_json import FAULTS, malformed_layout_json
 from conformance.strategies_streams import flatten_cases, state_dict_cases
@@ -188,4 +191,53 @@ def test_flatten_cases_leave_a_rank_with_nothing_local() -> None:
         strat,
         lambda c: c["weight"].shape[0] < c["mesh"][0],
         "fewer weight rows than FSDP ranks (an empty FSDP chunk)",
+    )
+
+
+SIM = "8,64,512,1024"
+
+
+def test_fsdp_meshes_reach_hsdp_on_a_few_ranks() -> None:
+    reaches(fsdp_meshes(), lambda m: len(m) == 3 and math.prod(m) == 4, "a 3-D mesh of 4 ranks")
+    reaches(fsdp_meshes(), lambda m: len(m) == 4, "a 4-D mesh")
+
+
+def test_fsdp_meshes_on_simulated_worlds_start_at_1024_and_reach_every_edge(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SHARDSPEC_SIM_WORLDS", SIM)
+    # The simplest example, which a run of a few examples starts with, is the largest world.
+    assert math.prod(find(fsdp_meshes(), lambda m: True)) == 1024
+    reaches(fsdp_meshes(), lambda m: len(m) == 4 and math.prod(m) == 1024, "a 4-D 1024 mesh")
+    reaches(
+        fsdp_meshes(),
+        lambda m: len(m) == 3 and math.prod(m) == 512 and 1 not in m,
+        "a 3-D HSDP x TP mesh of 512 without size-1 dims",
+    )
+    reaches(fsdp_meshes(), lambda m: m[-2] > 255 or m[-1] > 255, "dp or tp of more than 255")
+    reaches(fsdp_meshes(), lambda m: 1 in m and math.prod(m) > 255, "a size-1 dim at scale")
+
+
+def test_validation_layouts_on_simulated_worlds_reach_1024_shards(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SHARDSPEC_SIM_WORLDS", SIM)
+    worlds = scale_worlds()
+    assert worlds == (1024, 512, 64)
+    first = find(large_chunk_layouts(worlds=worlds), lambda lay: True)
+    assert len(first.shards) == 1024 and max(first.ranks) == 1023
+    reaches(
+        large_chunk_layouts(worlds=worlds),
+        lambda lay: len(lay.shards) == 1024 and not reference.is_valid(lay),
+        "a 1024-rank chunking one row off",
+    )
+    reaches(
+        near_grid_layouts(worlds=worlds),
+        lambda lk: len(lk[0].shards) == 1024 and lk[0].ndim == 3 and not reference.is_valid(lk[0]),
+        "a 3-D 1024-cell grid with a straddling box",
+    )
+    reaches(
+        large_grid_layouts(worlds=worlds),
+        lambda lay: len(lay.shards) >= 1024 and lay.ndim == 2,
+        "a 2-D grid of 1024 cells",
     )

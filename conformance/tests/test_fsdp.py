@@ -1,10 +1,12 @@
-"""FSDP + TP (spec/07-fsdp.md): on a ("dp", "tp") mesh of pool ranks, the boxes an
-implementation's FSDP1 state-dict hook states for each rank hold exactly that rank's data,
-and that data is the rule's chunk of the TP piece (torch.chunk of torch.chunk of the global
-tensor), bit for bit, for every dtype."""
+"""FSDP + TP (spec/07-fsdp.md): on a (*outer, "dp", "tp") mesh of pool ranks (2-D FSDP x TP;
+3-D and 4-D HSDP x TP, the outer dims replicating), the boxes an implementation's FSDP1
+state-dict hook states for each rank hold exactly that rank's data, and that data is the rule's
+chunk of the TP piece (torch.chunk of torch.chunk of the global tensor), bit for bit, for every
+dtype. On simulated worlds (SHARDSPEC_SIM_WORLDS) the meshes have 8 to 1024 devices."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -14,7 +16,7 @@ from hypothesis import given, strategies as st
 from conformance.assertions import assert_equal, assert_tensor_bitwise
 from conformance.cases import case
 from conformance.impls import Impl
-from conformance.strategies import dtypes, shapes, tensors
+from conformance.strategies import dtypes, fsdp_meshes, shapes, tensors
 
 
 def _chunk(t: torch.Tensor, k: int, i: int, dim: int) -> torch.Tensor:
@@ -22,31 +24,32 @@ def _chunk(t: torch.Tensor, k: int, i: int, dim: int) -> torch.Tensor:
     return pieces[i] if i < len(pieces) else t.narrow(dim, t.shape[dim], 0)
 
 
-def _reference(
-    g: torch.Tensor, tp: list[Any], dp: int, tp_size: int, p: int, t: int
-) -> torch.Tensor:
-    """FSDP-1 by brute force: TP chunk of the global tensor, then FSDP's dim-0 chunk of that."""
+def _reference(g: torch.Tensor, tp: list[Any], mesh: tuple[int, ...], rank: int) -> torch.Tensor:
+    """FSDP-1 by brute force at ``rank``'s (row-major) coordinate of the (*outer, dp, tp) mesh:
+    the TP chunk of the global tensor at its tp coordinate, then FSDP's dim-0 chunk of that at
+    its dp coordinate; the outer (HSDP replicate) coordinates hold the same data."""
+    *_, dp, tp_size = mesh
+    p, t = divmod(rank % (dp * tp_size), tp_size)
     piece = g if tp[0] == "R" else _chunk(g, tp_size, t, tp[1])
     return _chunk(piece, dp, p, 0)
 
 
 @st.composite
-def fsdp_cases(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, int], list[Any]]:
+def fsdp_cases(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, ...], list[Any]]:
     shape = draw(shapes(min_dims=1, max_dims=3, max_side=7))
-    mesh = draw(st.sampled_from([(1, 1), (1, 2), (2, 1), (2, 2), (1, 3), (3, 1), (1, 4), (4, 1)]))
+    mesh = draw(fsdp_meshes())
     tp = draw(st.one_of(st.just(["R"]), st.integers(0, len(shape) - 1).map(lambda d: ["S", d])))
     return shape, mesh, tp
 
 
 def _run(impl: Impl, pools: Any, hook: str, c: Any, data: st.DataObject) -> None:
-    shape, (dp, tp_size), tp = c
+    shape, mesh, tp = c
     g = data.draw(tensors(shape, dtypes()), label="tensor")
-    ex = f"fsdp_{hook}(shape={shape}, mesh=(dp={dp}, tp={tp_size}), tp={tp}, dtype={g.dtype})"
+    ex = f"fsdp_{hook}(shape={shape}, mesh=(*outer, dp, tp)={mesh}, tp={tp}, dtype={g.dtype})"
     with case():
-        got = impl.fsdp_tp_chunks(pools(dp * tp_size), g, (dp, tp_size), tp, hook)
+        got = impl.fsdp_tp_chunks(pools(math.prod(mesh)), g, mesh, tp, hook)
         for rank, (boxes, local) in enumerate(got):
-            p, t = divmod(rank, tp_size)
-            want = _reference(g, tp, dp, tp_size, p, t)
+            want = _reference(g, tp, mesh, rank)
             assert_tensor_bitwise(f"rank{rank}.local", local, want, ex)
             nonempty = [b for b in boxes if not b.is_empty]
             stated = (

@@ -19,6 +19,7 @@ from conformance.strategies_grids import (
     large_chunk_layouts,
     large_grid_layouts,
     near_grid_layouts,
+    scale_worlds,
 )
 from shardspec.metadata import Box, Layout, Shard, chunk_layout
 
@@ -77,6 +78,11 @@ def test_empty_shard_inside_another_is_not_an_overlap(impl: Impl, layout: Layout
 
 
 # Large layouts (64 shards and more, where shardspec validates in NumPy): the same verdicts.
+# On simulated worlds (`nox -s conformance_scale`), as many cells or ranks as the simulated
+# world sizes of 64 and more, 1024 first.
+SCALE = scale_worlds()
+
+
 def _grid_16x8(straddle: int = 0, take: bool = False) -> Layout:
     """A 16 x 8 grid of 2 x 1 cells (128 shards); the cell at (5, 3) grows by ``straddle``
     rows into the cell below it, which gives them up when ``take``."""
@@ -88,7 +94,7 @@ def _grid_16x8(straddle: int = 0, take: bool = False) -> Layout:
 
 
 @pytest.mark.rule("LAYOUT-2", "LAYOUT-3")
-@given(near_grid_layouts())
+@given(near_grid_layouts(worlds=SCALE))
 @example((_grid_16x8(1), "overlap"))
 @example((_grid_16x8(1, take=True), "take"))
 @example((_grid_16x8(-1), "gap"))
@@ -99,7 +105,7 @@ def test_validator_finds_the_one_box_straddling_a_large_grid(
 
 
 @pytest.mark.rule("LAYOUT-1", "LAYOUT-2", "LAYOUT-3")
-@given(large_chunk_layouts())
+@given(large_chunk_layouts(worlds=SCALE))
 @example(chunk_layout((100,), 0, range(80)))  # 50 chunks of 2 rows, then 30 empty ones at n
 def test_validator_agrees_with_the_oracle_on_large_chunkings(impl: Impl, layout: Layout) -> None:
     check_validator(impl, layout)
@@ -117,7 +123,7 @@ BIG_GRID_WITH_EMPTY = Layout(
     "validate_non_overlapping_shards_metadata reports a zero-size shard lying inside another "
     "shard as an overlap (here in a 128-cell grid)",
 )
-@given(large_grid_layouts())
+@given(large_grid_layouts(worlds=SCALE))
 @example(BIG_GRID_WITH_EMPTY)
 def test_validator_accepts_every_large_grid(impl: Impl, layout: Layout) -> None:
     check_validator(impl, layout)

@@ -13,6 +13,9 @@ wrapped afterwards (FSDP-7).
 
 from __future__ import annotations
 
+import functools
+import math
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,6 +49,9 @@ __all__ = ["DTensorExtensions", "install", "mesh_fsdp_layout"]
 # The attribute on an outer (TP) ShardedTensor that carries the 2-D layout with every owner's
 # global rank; flatten_sharded_tensors reads it.
 LAYOUT_ATTR = "_shardspec_layout"
+# Held while a cached layout is built: ranks that are threads of one process (a simulated
+# world) ask for the same layout at once; one builds it, the others then take it from the cache.
+_CACHE_LOCK = threading.RLock()
 # On a flat ShardedTensor that chunk_dtensor returns instead of a DTensor: the root mesh dim
 # FSDP shards over, which all_gather_dtensor needs to reassemble the TP piece.
 FSDP_DIM_ATTR = "_shardspec_fsdp_mesh_dim"
@@ -110,7 +116,26 @@ def mesh_fsdp_layout(
     fsdp_tensor_dim: int = 0,
 ) -> Layout:
     """FSDP-1 on an arbitrary mesh: TP on mesh dim ``tp_dim`` (None: no TP), FSDP chunking
-    over mesh dim ``shard_dim``, every other mesh dim replicating."""
+    over mesh dim ``shard_dim``, every other mesh dim replicating.
+
+    Cached (the layout is immutable): a state dict's parameters share a few shapes, and every
+    rank asks for the same layout, which costs O(ranks) to build."""
+    with _CACHE_LOCK:
+        return _mesh_fsdp_layout(
+            tuple(shape), tp, tuple(mesh_shape), tuple(ranks), tp_dim, shard_dim, fsdp_tensor_dim
+        )
+
+
+@functools.lru_cache(maxsize=256)
+def _mesh_fsdp_layout(
+    shape: tuple[int, ...],
+    tp: Placement,
+    mesh_shape: tuple[int, ...],
+    ranks: tuple[int, ...],
+    tp_dim: int | None,
+    shard_dim: int,
+    fsdp_tensor_dim: int,
+) -> Layout:
     tp_size = mesh_shape[tp_dim] if tp_dim is not None else 1
     tp_pl: Placement = tp if tp_dim is not None else Replicate()
     shards = []
@@ -336,10 +361,8 @@ class DTensorExtensions(FSDPExtensions):
                 "chunk_dtensor cannot shard a 0-d tensor (torch.chunk needs a dim)"
             )
         mesh_shape = tuple(root.mesh.shape)
-        truth = mesh_fsdp_layout(
-            shape, tp, mesh_shape, list(range(root.size())), tp_dim=tp_dim, shard_dim=shard_dim
-        )
-        placements = _exact_placements(shape, mesh_shape, tp, tp_dim, tp_size, shard_dim, truth)
+        with _CACHE_LOCK:
+            placements = _exact_placements(shape, mesh_shape, tp, tp_dim, tp_size, shard_dim)
         coord = root.get_coordinate()
         assert coord is not None
         p = coord[shard_dim]
@@ -447,6 +470,7 @@ def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(stride))
 
 
+@functools.lru_cache(maxsize=256)
 def _exact_placements(
     shape: tuple[int, ...],
     mesh_shape: tuple[int, ...],
@@ -454,9 +478,12 @@ def _exact_placements(
     tp_dim: int | None,
     tp_size: int,
     shard_dim: int,
-    truth: Layout,
 ) -> tuple[Placement, ...] | None:
-    """Placements on the root mesh whose DTensor layout is ``truth`` (FSDP-5), or None."""
+    """Placements on the root mesh whose DTensor layout is FSDP-1's (FSDP-5), or None.
+    Cached as :func:`mesh_fsdp_layout` is: it compares layouts of every rank."""
+    truth = mesh_fsdp_layout(
+        shape, tp, mesh_shape, range(math.prod(mesh_shape)), tp_dim=tp_dim, shard_dim=shard_dim
+    )
     dp_options: list[Placement] = [ShardDim(0)]
     if isinstance(tp, ShardDim) and tp.dim == 0 and tp_size > 1:
         dp_options.insert(0, StridedShardDim(0, tp_size))
@@ -476,10 +503,17 @@ def _chunk_plain(tensor: torch.Tensor, rank: int, fsdp_ranks: list[int], pg: Any
     listed (empty ones at offset n, CHUNK-2), each owned by its real global rank."""
     if tensor.dim() == 0:
         raise ConversionError("FSDP cannot chunk a 0-d tensor (torch.chunk needs a dim)")
-    layout = chunk_layout(tuple(tensor.shape), 0, fsdp_ranks)
+    with _CACHE_LOCK:
+        layout = _chunk_layout(tuple(tensor.shape), tuple(fsdp_ranks))
     (box,) = layout.boxes_of(fsdp_ranks[rank])
     mine = tensor[box.slices()].clone()
     return _make_st(layout, fsdp_ranks[rank], [(box, mine)], tensor, pg)
+
+
+@functools.lru_cache(maxsize=256)
+def _chunk_layout(shape: tuple[int, ...], ranks: tuple[int, ...]) -> Layout:
+    # Cached as mesh_fsdp_layout is: every FSDP rank asks for the same O(ranks) layout.
+    return chunk_layout(shape, 0, ranks)
 
 
 def gather_fsdp_dim(tensor: DTensor) -> torch.Tensor:

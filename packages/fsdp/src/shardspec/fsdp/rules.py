@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from shardspec.metadata import Box, Layout, LayoutError, Shard, chunk_bounds
+from shardspec.metadata import Box, Layout, LayoutError, Shard, chunk_size
 from shardspec.metadata.box import as_index_tuple
 from shardspec.metadata.dtensor_math import local_boxes, mesh_layout
 from shardspec.metadata.placements import Placement, Replicate, ShardDim, StridedShardDim, to_split
@@ -61,6 +61,13 @@ def _check_dim(shape: tuple[int, ...], dim: int, what: str) -> None:
         raise LayoutError(f"{what} dim {dim} is out of range for shape {shape} (ndim {len(shape)})")
 
 
+def _chunk_bound(n: int, k: int, i: int) -> tuple[int, int]:
+    """Chunk ``i`` of ``chunk_bounds(n, k)`` without listing the other ``k - 1``: a mesh's
+    layout takes one box per rank, which would make it O(ranks^2)."""
+    split = chunk_size(n, k)
+    return min(i * split, n), min((i + 1) * split, n)
+
+
 def tp_box(shape: Sequence[int], tp: Placement, tp_size: int, t: int) -> Box:
     """The box TP coordinate ``t`` holds: ``Shard(d)`` chunks dim ``d`` over ``tp_size``,
     ``Replicate`` holds everything. (``_StridedShard`` is not a TP placement.)"""
@@ -72,7 +79,7 @@ def tp_box(shape: Sequence[int], tp: Placement, tp_size: int, t: int) -> Box:
     if isinstance(tp, StridedShardDim):
         raise LayoutError(f"TP placement {tp} is not supported: TP shards with Shard or Replicate")
     _check_dim(shp, tp.dim, "TP shard")
-    lo, hi = chunk_bounds(shp[tp.dim], tp_size)[t]
+    lo, hi = _chunk_bound(shp[tp.dim], tp_size, t)
     offs = [0] * len(shp)
     sizes = list(shp)
     offs[tp.dim], sizes[tp.dim] = lo, hi - lo
@@ -102,7 +109,7 @@ def fsdp_box(
     # The TP piece is chunked as a local tensor: its local extent, then back to global.
     n = sizes[shard_dim]
     base = offs[shard_dim] if n else 0
-    lo, hi = chunk_bounds(n, dp_size)[p]
+    lo, hi = _chunk_bound(n, dp_size, p)
     offs[shard_dim], sizes[shard_dim] = base + lo, hi - lo
     return canonical_box(shp, offs, sizes)
 

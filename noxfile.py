@@ -115,9 +115,12 @@ SCALE_AREAS = (
     "conformance/tests/test_reshard.py",
     "conformance/tests/test_dtensor.py",
     "conformance/tests/test_dtensor_moves.py",
-    "conformance/tests/test_fsdp.py",
     "conformance/tests/test_validation.py",
 )
+# Run against shardspec only: on the threaded process group torch's chunk_tensor raises ("no
+# backend has been registered with this ProcessGroup") and a raising upstream chunk_dtensor
+# leaves 1024 threads outside any collective, whose teardown takes many minutes.
+SCALE_AREAS_SHARDSPEC = ("conformance/tests/test_fsdp.py",)
 
 
 @nox.session
@@ -149,13 +152,14 @@ def conformance_launched(session: nox.Session) -> None:
 def conformance_scale(session: nox.Session) -> None:
     """The reshard, dtensor, fsdp (HSDP x TP, 3-D and 4-D meshes) and validation areas on
     simulated worlds of 8 to 1024 ranks (threads on torch's threaded process group), against
-    shardspec and against torch."""
+    shardspec and against torch (fsdp: against shardspec only, see SCALE_AREAS_SHARDSPEC)."""
     rest = install_stack(session)
     session.env["SHARDSPEC_SIM_WORLDS"] = os.environ.get("SHARDSPEC_SIM_WORLDS", SCALE_WORLDS)
     session.env["HYPOTHESIS_PROFILE"] = "short"
     for impl in os.environ.get("SHARDSPEC_SCALE_IMPLS", "shardspec,torch").split(","):
         session.env["SHARDSPEC_IMPL"] = impl
-        run_pytest(session, *SCALE_AREAS, "-p", "no:cacheprovider", *rest)
+        areas = [*SCALE_AREAS, *(SCALE_AREAS_SHARDSPEC if impl == "shardspec" else ())]
+        run_pytest(session, *areas, "-p", "no:cacheprovider", *rest)
 
 
 @nox.session

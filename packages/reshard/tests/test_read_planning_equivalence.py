@@ -66,3 +66,32 @@ def test_rows_read_as_columns_match_upstream_beyond_the_scan_threshold() -> None
     assert upstream == expected
     assert our_triples(src, dst) == expected
     assert our_triples(src, dst, rank=3) == {t for t in expected if t[1][0] == 3}
+
+
+@pytest.mark.rule("CKPT-3")
+@given(layout_pairs(), st.booleans())
+def test_load_planner_read_items_equal_upstreams_on_both_paths(
+    pair: tuple[Layout, Layout], direct: bool
+) -> None:
+    # read_items_for_chunks tries every pair directly for few chunks and plans for many:
+    # both paths must read what DCP's default planner reads, zero-length reads aside.
+    from hypothesis import assume
+    from reshard_dcp_triples import read_item_triples
+    from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+    from shardspec.metadata import to_chunk_list, to_tensor_storage_metadata
+    from shardspec.reshard import dcp
+
+    src, dst = pair
+    boxes = [s.box for s in src.shards]
+    assume(len(set(boxes)) == len(boxes))  # a checkpoint saves each chunk once
+    md = to_tensor_storage_metadata(src)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dcp, "_DIRECT_PAIRS", 10**9 if direct else -1)
+        for r in dst.ranks:
+            chunks = list(to_chunk_list(dst, r))
+            want = read_item_triples(
+                md, r, chunks, create_read_items_for_chunk_list("t", md, chunks)
+            )
+            got = read_item_triples(md, r, chunks, dcp.read_items_for_chunks("t", md, chunks))
+            assert got == want, f"rank {r}, {'direct' if direct else 'planned'} path"

@@ -116,8 +116,10 @@ def read_items_for_chunks(
     src = check_chunks(fqn, saved.size, [(c.offsets, c.sizes) for c in saved.chunks])
     if not local:
         return []
-    dst = Layout(src.shape, [Shard(Box(tuple(c.offsets), tuple(c.sizes)), 0) for c in local])
     chunks = saved.chunks
+    if len(chunks) * len(local) <= _DIRECT_PAIRS:
+        return _direct_read_items(fqn, chunks, local)
+    dst = Layout(src.shape, [Shard(Box(tuple(c.offsets), tuple(c.sizes)), 0) for c in local])
     items: list[ReadItem] = []
     # The destination holds only this rank's chunks, so it is no valid layout (no coverage):
     # the source was checked above; validate=False plans without asking the destination to.
@@ -139,6 +141,39 @@ def read_items_for_chunks(
 
 def _minus(a: tuple[int, ...], b: Any) -> tuple[int, ...]:
     return tuple(x - y for x, y in zip(a, b))
+
+
+# Below this many (saved, local) pairs every pair is tried directly: a state dict of thousands
+# of small tensors pays per tensor for building layouts and a plan, more than the pairs cost.
+_DIRECT_PAIRS = 64
+
+
+def _direct_read_items(
+    fqn: str, chunks: list[ChunkStorageMetadata], local: list[ChunkStorageMetadata]
+) -> list[ReadItem]:
+    """The non-empty overlaps of every (local, saved) pair, as read items (CKPT-3)."""
+    items: list[ReadItem] = []
+    for di, d in enumerate(local):
+        d_off, d_size = tuple(d.offsets), tuple(d.sizes)
+        d_end = tuple(o + n for o, n in zip(d_off, d_size))
+        for si, s in enumerate(chunks):
+            s_off = tuple(s.offsets)
+            lo = tuple(map(max, s_off, d_off))
+            hi = tuple(map(min, (o + n for o, n in zip(s_off, s.sizes)), d_end))
+            lengths = tuple(b - a for a, b in zip(lo, hi))
+            if any(n <= 0 for n in lengths):
+                continue
+            items.append(
+                ReadItem(
+                    type=LoadItemType.TENSOR,
+                    dest_index=MetadataIndex(fqn, d.offsets, di),
+                    dest_offsets=torch.Size(_minus(lo, d_off)),
+                    storage_index=MetadataIndex(fqn, s.offsets, si),
+                    storage_offsets=torch.Size(_minus(lo, s_off)),
+                    lengths=torch.Size(lengths),
+                )
+            )
+    return items
 
 
 class SavePlanner(DefaultSavePlanner):  # type: ignore[misc]

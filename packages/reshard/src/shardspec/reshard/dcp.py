@@ -24,6 +24,7 @@ upstream allows.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import ChainMap
 from typing import Any
 
@@ -113,10 +114,16 @@ def read_items_for_chunks(
 ) -> list[ReadItem]:
     """The read items that fill ``local`` (this rank's chunks of tensor ``fqn``) from a
     checkpoint whose chunks are ``saved.chunks``, after checking them (CKPT-1)."""
-    src = check_chunks(fqn, saved.size, [(c.offsets, c.sizes) for c in saved.chunks])
+    chunks = saved.chunks
+    src = None
+    if len(chunks) <= _DIRECT_PAIRS:
+        # Layers of one model share their shapes and chunkings: checked once per geometry.
+        geometry = tuple((tuple(c.offsets), tuple(c.sizes)) for c in chunks)
+        src = _valid_geometry(tuple(saved.size), geometry)
+    if src is None:
+        src = check_chunks(fqn, saved.size, [(c.offsets, c.sizes) for c in chunks])
     if not local:
         return []
-    chunks = saved.chunks
     if len(chunks) * len(local) <= _DIRECT_PAIRS:
         return _direct_read_items(fqn, chunks, local)
     dst = Layout(src.shape, [Shard(Box(tuple(c.offsets), tuple(c.sizes)), 0) for c in local])
@@ -137,6 +144,16 @@ def read_items_for_chunks(
             )
         )
     return items
+
+
+@functools.lru_cache(maxsize=1024)
+def _valid_geometry(
+    shape: tuple[int, ...], chunks: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
+) -> Layout | None:
+    """The chunks' layout when they pass CKPT-1, else None (the caller raises, naming the
+    tensor)."""
+    verdict = chunk_verdict("", shape, chunks)
+    return verdict if isinstance(verdict, Layout) else None
 
 
 def _minus(a: tuple[int, ...], b: Any) -> tuple[int, ...]:

@@ -47,13 +47,22 @@ def wrap_local(
     """A DTensor of global ``shape`` whose local tensor holds ``parts`` (one per box of
     ``boxes``, this rank's boxes in local storage order) at their DTENSOR-7 places."""
     import torch
-    from torch.distributed.tensor import DTensor
 
     from shardspec.metadata.dtensor import dtensor_local_slices
 
     local = torch.empty(local_shape_of(boxes, len(shape)), dtype=dtype, device=device)
     for sl, t in zip(dtensor_local_slices(boxes) if boxes else [], parts):
         local[sl] = t
+    return _as_dtensor(local, device_mesh, placements, shape)
+
+
+def _as_dtensor(
+    local: torch.Tensor, device_mesh: Any, placements: Sequence[Any], shape: Sequence[int]
+) -> DTensor:
+    """``local`` as this rank's part of a contiguous ``shape`` DTensor (already checked)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
     return DTensor.from_local(
         local,
         device_mesh,
@@ -121,7 +130,6 @@ def dtensor_from_local(
     """
     import torch
     import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
 
     from shardspec.metadata.box import as_index_tuple
     from shardspec.metadata.dtensor import dtensor_layout
@@ -153,11 +161,4 @@ def dtensor_from_local(
             f"placements {tuple(placements)} do not follow the chunk rule: " + "; ".join(bad)
         )
     assert have == want  # the loop above checked this rank too
-    return DTensor.from_local(
-        local,
-        device_mesh,
-        placements,
-        run_check=False,
-        shape=torch.Size(shp),
-        stride=torch.empty(shp, device="meta").stride(),
-    )
+    return _as_dtensor(local, device_mesh, placements, shp)

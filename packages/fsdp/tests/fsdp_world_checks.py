@@ -653,9 +653,10 @@ def _full(value: Any) -> torch.Tensor:
 
 def resume_world(rank: int, world: int) -> dict[str, Any]:
     """The README's resume-on-another-mesh recipe (FSDP-12): FSDP2 + TP on dp=2 x tp=2 with
-    Adam, one step, then `reshard_for` a model on dp=4 (and one on tp=4), load, and a second
-    step; every parameter and Adam state equals the plain model's after two steps. Then the
-    errors: a shape mismatch raises on every rank, naming the parameter, and nothing hangs."""
+    Adam, one step, then `reshard_for` a model on dp=4 (and one on tp=4, and an FSDP1 one on
+    dp=4), load, and a second step; every parameter and Adam state equals the plain model's
+    after two steps. Then the errors: a shape mismatch raises on every rank, naming the
+    parameter, and nothing hangs."""
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
@@ -714,6 +715,27 @@ def resume_world(rank: int, world: int) -> dict[str, Any]:
             if float(opt.state[p]["step"]) != 2.0:
                 bad.append(f"{label} {k}: step is {float(opt.state[p]['step'])}, not 2")
         out[f"resume_{label}"] = bad
+    # An FSDP1 destination (flat parameters, use_orig_params) on dp=4: read back whole.
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    fsdp1 = FSDP(
+        make_model(seed=7), device_mesh=dp4, device_id=torch.device("cpu"), use_orig_params=True
+    )
+    opt = torch.optim.Adam(fsdp1.parameters(), lr=0.1)
+    new_msd, new_osd = reshard_for(fsdp1, msd, osd)
+    set_model_state_dict(fsdp1, new_msd)
+    set_optimizer_state_dict(fsdp1, opt, new_osd)
+    opt.zero_grad()
+    fsdp1(x).sum().backward()
+    opt.step()
+    whole = get_model_state_dict(fsdp1, options=StateDictOptions(full_state_dict=True))
+    ref_params = dict(ref.named_parameters())
+    out["resume_fsdp1_dp4"] = [
+        f"fsdp1 {k}: parameter after the second step differs"
+        for k, v in whole.items()
+        if not torch.allclose(v, ref_params[k], atol=1e-5, rtol=0)
+    ] + ([] if sorted(whole) == sorted(ref_params) else [f"fsdp1 keys {sorted(whole)}"])
     # The source's steps were copied, not shared: still 1 after the others took a step.
     out["resume_source_step"] = [
         f"source {fqn}: step advanced to {float(s['step'])}"

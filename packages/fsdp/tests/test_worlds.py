@@ -270,6 +270,11 @@ def test_resume_fsdp2_tp_with_adam_on_dp4_and_tp4(resume) -> None:  # type: igno
 
 
 @pytest.mark.rule("FSDP-12")
+def test_resume_from_fsdp2_tp_into_fsdp1_on_dp4(resume) -> None:  # type: ignore[no-untyped-def]
+    _assert_clean(resume, "resume_fsdp1_dp4")
+
+
+@pytest.mark.rule("FSDP-12")
 def test_resume_shape_mismatch_raises_on_every_rank_naming_the_parameter(resume) -> None:  # type: ignore[no-untyped-def]
     for r, rep in resume.items():
         assert "'0.weight'" in rep["resume_shape_error"], (r, rep["resume_shape_error"])

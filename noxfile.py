@@ -114,9 +114,11 @@ SCALE_WORLDS = "8,64,512,1024"
 SCALE_AREAS = (
     "conformance/tests/test_reshard.py",
     "conformance/tests/test_dtensor.py",
-    "conformance/tests/test_dtensor_moves.py",
     "conformance/tests/test_validation.py",
 )
+# Not here: test_dtensor_moves.py draws permuted and flattened meshes, a new DeviceMesh per
+# example, and building one over 1024 threads creates every subgroup on every rank (minutes
+# each); it needs the fsdp area's per-rank DeviceMesh.from_group construction first.
 # Run against shardspec only: on the threaded process group torch's chunk_tensor raises ("no
 # backend has been registered with this ProcessGroup") and a raising upstream chunk_dtensor
 # leaves 1024 threads outside any collective, whose teardown takes many minutes.

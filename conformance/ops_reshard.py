@@ -60,15 +60,18 @@ def _reshard_shardspec(
     return None, out
 
 
-def _out_view(kind: str, sizes: tuple[int, ...], dtype: torch.dtype, pad: int) -> torch.Tensor:
+def _out_view(
+    kind: str, sizes: tuple[int, ...], dtype: torch.dtype, pad: int, device: torch.device
+) -> torch.Tensor:
     """An out= tensor of ``sizes`` laid out as ``kind`` (strategies_streams.OUT_KINDS) in a
-    larger buffer filled with ones, so a write outside the view shows."""
+    larger buffer filled with ones, on the ranks' ``device``, so a write outside the view
+    shows."""
     numel = 1
     for n in sizes:
         numel *= n
     if kind == "contiguous":
-        return torch.ones(sizes, dtype=dtype)
-    base = torch.ones(pad + 2 * numel + 1, dtype=dtype)
+        return torch.ones(sizes, dtype=dtype, device=device)
+    base = torch.ones(pad + 2 * numel + 1, dtype=dtype, device=device)
     if kind == "offset":
         return base[pad : pad + numel].view(sizes)
     if kind == "strided":
@@ -83,8 +86,10 @@ def _spilled(t: torch.Tensor) -> bool:
     """Whether any element of ``t``'s buffer outside ``t`` itself differs from one."""
     base = t._base if t._base is not None else t
     flat = base.reshape(-1)
-    inside = torch.zeros(flat.numel(), dtype=torch.bool)
-    idx = torch.arange(flat.numel()).as_strided(t.shape, t.stride(), t.storage_offset())
+    inside = torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device)
+    idx = torch.arange(flat.numel(), device=flat.device).as_strided(
+        t.shape, t.stride(), t.storage_offset()
+    )
     inside[idx.reshape(-1)] = True
     return bool((flat[~inside] != 1).any())
 
@@ -118,7 +123,7 @@ def _reshard_state_dict(
         if e["out"] is not None:
             out = out if out is not None else {}
             out[key] = [
-                _out_view(e["out"], b.sizes, dtypes[key], e["pad"])
+                _out_view(e["out"], b.sizes, dtypes[key], e["pad"], ctx.device)
                 for b in dst[key].boxes_of(ctx.rank)
             ]
     # A rank with no source shard and no out= tensor of a key learns its dtype from the others.

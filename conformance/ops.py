@@ -138,10 +138,12 @@ def _dtensor_mesh(ctx: Context, args: dict[str, Any]) -> Any:
     return ctx.mesh(tuple(args["mesh"]), args.get("order"), flatten=args.get("flatten", False))
 
 
-def _via(args: dict[str, Any]) -> str:
-    via = args.get("via", "torch")
-    if via not in ("torch", "shardspec"):
-        raise ValueError(f"via {via!r}: torch or shardspec")
+def _via(args: dict[str, Any], default: str | None = None) -> str:
+    """Whose code an operation runs: ``args["via"]``, ``shardspec`` or ``torch`` (``default``
+    when absent; without one, absent is an error)."""
+    via = args.get("via", default)
+    if via not in ("shardspec", "torch"):
+        raise ValueError(f"via must be 'shardspec' or 'torch', got {via!r}")
     return str(via)
 
 
@@ -161,7 +163,7 @@ def _distribute(
     # whose scatter path asserts on zero-size and some uneven tensors in torch 2.13 (its padded
     # split gives pieces of different shapes); the placement logic is the same either way.
     src = 0 if args.get("scatter", True) else None
-    if _via(args) == "shardspec":
+    if _via(args, "torch") == "shardspec":
         from shardspec.reshard.dtensor_io import distribute_dtensor
 
         dt = distribute_dtensor(ts[0], mesh, placements, src_rank=src)
@@ -175,7 +177,7 @@ def _distribute(
 def _redistribute_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
     _dtensor_check(ctx, args, ts)
     _dtensor_check(ctx, {**args, "placements": args["dst"]}, ts)
-    _via(args)
+    _via(args, "torch")
 
 
 @operation("dtensor.redistribute", collective=True, check=_redistribute_check)
@@ -195,7 +197,7 @@ def _redistribute(
     dt = distribute_tensor(
         _to_wire(ctx, ts[0]), mesh, placements_from_json(args["placements"]), src_data_rank=None
     )
-    if _via(args) == "shardspec":
+    if _via(args, "torch") == "shardspec":
         from shardspec.reshard.frontends import reshard_dtensor
 
         moved = reshard_dtensor(dt, mesh, dst).to_local()
@@ -213,7 +215,7 @@ def _redistribute(
 def _from_local_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
     from conformance.codec import placements_from_json
 
-    _via(args)
+    _via(args, "torch")
     if len(ts) != 1:
         raise ValueError("dtensor.from_local takes this rank's local tensor as its one input")
     mesh = tuple(args["mesh"])
@@ -241,7 +243,7 @@ def _from_local(
     placements = placements_from_json(args["placements"])
     shape = tuple(args["shape"])
     try:
-        if _via(args) == "shardspec":
+        if _via(args, "torch") == "shardspec":
             from shardspec.reshard.dtensor_io import dtensor_from_local
 
             dt = dtensor_from_local(ts[0], mesh, placements, shape)

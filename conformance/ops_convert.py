@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from conformance.codec import layout_from_json, layout_to_json, placements_from_json
-from conformance.ops import Context, _dtensor_check, _from_wire, _to_wire, operation
+from conformance.ops import Context, _dtensor_check, _from_wire, _to_wire, _via, operation
 from shardspec.metadata import Box, Layout, Shard
 
 __all__: list[str] = []
@@ -37,13 +37,6 @@ def _shard_boxes(st: Any) -> list[list[list[int]]]:
     return [
         [list(s.metadata.shard_offsets), list(s.metadata.shard_sizes)] for s in st.local_shards()
     ]
-
-
-def _via(args: dict[str, Any]) -> str:
-    via = args.get("via")
-    if via not in ("shardspec", "torch"):
-        raise ValueError(f"via must be 'shardspec' or 'torch', got {via!r}")
-    return str(via)
 
 
 # -- ShardedTensor from a layout (CONVERT-1, CONVERT-2, CONVERT-7) ------------------------

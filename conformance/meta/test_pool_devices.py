@@ -47,3 +47,13 @@ def test_gloo_ranks_share_the_gpus_with_cuda_tensors(monkeypatch: pytest.MonkeyP
     reason = skip_reason(1, backend_name="gloo", device="cuda", device_count=0, max_world=4)
     assert reason is not None and "needs a CUDA GPU" in reason
     assert rank_device(2, "gloo", "cpu") == "cpu"
+
+
+@pytest.mark.rule("CONF-3")
+def test_gpu_phases_share_one_gpu_over_gloo_only_when_there_is_one() -> None:
+    from conformance.gpu import phases
+
+    one = phases(1)
+    assert [p["SHARDSPEC_BACKEND"] for p in one] == ["nccl", "gloo"]
+    assert one[1]["SHARDSPEC_DEVICE"] == "cuda" and "SHARDSPEC_DEVICE" not in one[0]
+    assert phases(4) == [{"SHARDSPEC_BACKEND": "nccl"}]

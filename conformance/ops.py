@@ -291,6 +291,7 @@ def _fsdp_local_box(
 # -- resharding (spec/06-reshard.md) and FSDP + TP (spec/07-fsdp.md): their operations live
 # in their own modules
 from conformance import (  # noqa: E402
+    ops_checkpoint as _ops_checkpoint,  # noqa: F401 - registers checkpoint.save, checkpoint.load
     ops_convert as _ops_convert,  # noqa: F401 - registers convert.*, fsdp.chunk_*
     ops_fsdp as _ops_fsdp,  # noqa: F401 - registers fsdp.tp_chunk
     ops_reshard as _ops_reshard,  # noqa: F401 - registers reshard.*

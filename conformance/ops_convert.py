@@ -39,6 +39,36 @@ def _shard_boxes(st: Any) -> list[list[list[int]]]:
     ]
 
 
+def sharded_tensor_of(
+    ctx: Context, layout: Layout, dtype: torch.dtype, ts: list[torch.Tensor], via: str
+) -> Any:
+    """A ShardedTensor of ``layout`` whose local shards are ``ts`` (this rank's boxes in the
+    layout's order): its global metadata from our ``to_sharded_tensor_metadata`` (no
+    communication) ``via`` shardspec, from torch's ``init_from_local_shards`` (which gathers
+    every rank's shard metadata) ``via`` torch."""
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharded_tensor.api import ShardedTensor
+    from torch.distributed._shard.sharded_tensor.shard import Shard as TorchShard
+
+    from shardspec.testing.devices import rank_device
+
+    def device(rank: int) -> str:  # each owner's own device: cuda:<rank> under NCCL
+        return rank_device(rank, ctx.backend)
+
+    mine = [s for s in layout.shards if s.rank == ctx.rank]
+    mds = [
+        ShardMetadata(list(s.box.offsets), list(s.box.sizes), f"rank:{s.rank}/{device(s.rank)}")
+        for s in mine
+    ]
+    local = [TorchShard(t.contiguous(), m) for t, m in zip(ts, mds)]
+    if via == "shardspec":
+        from shardspec.metadata import to_sharded_tensor_metadata
+
+        md = to_sharded_tensor_metadata(layout, dtype, device=device)
+        return ShardedTensor._init_from_local_shards_and_global_metadata(local, md)
+    return ShardedTensor._init_from_local_shards(local, *layout.shape)
+
+
 # -- ShardedTensor from a layout (CONVERT-1, CONVERT-2, CONVERT-7) ------------------------
 def _st_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
     _via(args)
@@ -59,30 +89,8 @@ def _sharded_tensor(
     ``init_from_local_shards``, which gathers every rank's shard metadata. Returns the global
     metadata, the local shards' boxes, the DCP chunks of this rank (``to_chunk_list``, or the
     chunks of DCP's ``_create_write_items``) and the local data."""
-    from torch.distributed._shard.metadata import ShardMetadata
-    from torch.distributed._shard.sharded_tensor.api import ShardedTensor
-    from torch.distributed._shard.sharded_tensor.shard import Shard as TorchShard
-
     layout = layout_from_json(args["layout"])
-    dtype = getattr(torch, args["dtype"])
-    mine = [s for s in layout.shards if s.rank == ctx.rank]
-    from shardspec.testing.devices import rank_device
-
-    def device(rank: int) -> str:  # each owner's own device: cuda:<rank> under NCCL
-        return rank_device(rank, ctx.backend)
-
-    mds = [
-        ShardMetadata(list(s.box.offsets), list(s.box.sizes), f"rank:{s.rank}/{device(s.rank)}")
-        for s in mine
-    ]
-    local = [TorchShard(t.contiguous(), m) for t, m in zip(ts, mds)]
-    if _via(args) == "shardspec":
-        from shardspec.metadata import to_sharded_tensor_metadata
-
-        md = to_sharded_tensor_metadata(layout, dtype, device=device)
-        st = ShardedTensor._init_from_local_shards_and_global_metadata(local, md)
-    else:
-        st = ShardedTensor._init_from_local_shards(local, *layout.shape)
+    st = sharded_tensor_of(ctx, layout, getattr(torch, args["dtype"]), ts, _via(args))
     if _via(args) == "shardspec":
         from shardspec.metadata import to_chunk_list
 

@@ -126,6 +126,52 @@ class Impl:
         region read, in global coordinates)``."""
         raise self.unsupported("planning checkpoint reads")
 
+    def checkpoint_round_trip(
+        self,
+        save_pool: Any,
+        load_pool: Any,
+        saved: Layout,
+        tensor: Any,
+        load: dict[str, Any],
+        example: str,
+    ) -> list[Any]:
+        """A real ``dcp.save`` on ``save_pool``'s ranks of a ShardedTensor holding ``saved``'s
+        boxes of ``tensor``, then a real ``dcp.load`` on ``load_pool``'s ranks into ``load``:
+        ``{"kind": "sharded", "layout": JSON}`` (a ShardedTensor) or ``{"kind": "dtensor",
+        "mesh": [...], "placements": [...]}``, every element filled with 1 beforehand. Per
+        load rank a RankResult whose tensors are its local tensors after the load."""
+        import tempfile
+
+        import torch
+
+        from conformance.codec import layout_from_json, layout_to_json
+
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        with tempfile.TemporaryDirectory(prefix="shardspec-ckpt-") as path:
+            save_args = {"path": path, "layout": layout_to_json(saved), "dtype": dtype}
+            inputs = [
+                [tensor[b.slices()].contiguous() for b in saved.boxes_of(r)]
+                for r in range(save_pool.world_size)
+            ]
+            self._run_via(
+                "DCP save", save_pool, "checkpoint.save", save_args,
+                per_rank_tensors=inputs, example=example,
+            )  # fmt: skip
+            load_args = {**load, "path": path, "dtype": dtype, "fill": 1,
+                         "shape": list(tensor.shape)}  # fmt: skip
+            per_rank: list[list[Any]] = [[] for _ in range(load_pool.world_size)]
+            if load["kind"] == "sharded":
+                dst = layout_from_json(load["layout"])
+                ones = torch.ones((), dtype=tensor.dtype)
+                per_rank = [
+                    [ones.expand(b.sizes).contiguous() for b in dst.boxes_of(r)]
+                    for r in range(load_pool.world_size)
+                ]
+            return self._run_via(  # type: ignore[no-any-return]
+                "DCP load", load_pool, "checkpoint.load", load_args,
+                per_rank_tensors=per_rank, example=example,
+            )  # fmt: skip
+
     # resharding (RESHARD-*)
     def reshard(
         self,

@@ -144,6 +144,33 @@ def test_saved_on_4_loaded_on_2_and_4(
     check_load(pools[4], tmp_path, entries(ON_4, 3))
 
 
+# Rank 1's empty shard starts where rank 0's second shard does, and rank 0's plan is the
+# larger when DCP's dedup meets the pair (its first shard comes first): hand-worked from
+# dedup_save_plans, DCP keeps the empty chunk and drops rows 0-1.
+SHADOW = Layout(
+    (4, 3),
+    [
+        Shard(Box((2, 0), (2, 3)), 0),
+        Shard(Box((0, 0), (2, 3)), 0),
+        Shard(Box((0, 0), (0, 3)), 1),
+    ],
+)
+ON_4_SHADOW = [
+    (("st.shadow", (4, 3), "int16"), ("st", SHADOW), ("st", chunk_layout((4, 3), 1, [1, 0])))
+]
+
+
+@pytest.mark.rule("CKPT-1", "CKPT-3")
+def test_an_empty_shard_at_another_shards_offset_loses_nothing(
+    pools: dict[int, RankPool], tmp_path: Path
+) -> None:
+    pools[4].call(save, str(tmp_path), entries(ON_4_SHADOW, 1), True)
+    check_load(pools[2], tmp_path, entries(ON_4_SHADOW, 2))
+    # DCP's own save planner refuses the same state dict (its dedup dropped rows 0-1).
+    with pytest.raises(Exception, match="Failed to validate global plan"):
+        pools[4].call(save, str(tmp_path / "default"), entries(ON_4_SHADOW, 1), False)
+
+
 @pytest.mark.rule("CKPT-6")
 def test_inspect_reads_a_checkpoint_written_on_4_ranks(
     pools: dict[int, RankPool], tmp_path: Path, capsys: pytest.CaptureFixture[str]

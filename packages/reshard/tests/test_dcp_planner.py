@@ -13,7 +13,7 @@ from reshard_dcp_triples import layouts_of, read_item_triples
 from reshard_index_paths import indexed
 
 from shardspec.metadata import Box, Layout, Shard, chunk_layout
-from shardspec.metadata.checkpoint import ChunkError, check_chunks
+from shardspec.metadata.checkpoint import ChunkError, check_chunks, storable
 from shardspec.metadata.dcp import to_chunk_list, to_tensor_storage_metadata
 from shardspec.metadata.strategies import (
     shapes,
@@ -60,7 +60,7 @@ def brute_force(md: TensorStorageMetadata, rank: int, local: list[ChunkStorageMe
 def test_read_items_equal_the_default_planners(data: st.DataObject, force: bool) -> None:
     shape = data.draw(shapes(max_dims=3, max_side=7))
     saved, dest = data.draw(layouts_of(shape)), data.draw(layouts_of(shape))
-    md = to_tensor_storage_metadata(saved)
+    md = to_tensor_storage_metadata(storable(saved))  # CKPT-1: no two chunks at one offset
     for r in dest.ranks:
         local = to_chunk_list(dest, r)
         upstream = create_read_items_for_chunk_list("t", md, local)
@@ -142,7 +142,7 @@ def test_chunk_check_agrees_with_layout_validation(data: st.DataObject) -> None:
     # Any valid layout's distinct boxes pass; dropping a non-empty chunk leaves a gap named
     # at an element of the dropped box; duplicating one is an overlap naming both copies.
     shape = data.draw(shapes(max_dims=3, max_side=6))
-    layout = data.draw(layouts_of(shape))
+    layout = storable(data.draw(layouts_of(shape)))
     boxes = list(dict.fromkeys(s.box for s in layout.shards))
     got = check_chunks("t", shape, [(b.offsets, b.sizes) for b in boxes])
     assert got == Layout(shape, [Shard(b, i) for i, b in enumerate(boxes)])
@@ -160,6 +160,13 @@ def test_chunk_check_agrees_with_layout_validation(data: st.DataObject) -> None:
     with pytest.raises(ChunkError) as dup:
         check_chunks("t", shape, [(b.offsets, b.sizes) for b in twice])
     assert dup.value.kind == "overlap" and dup.value.chunks == (k, len(boxes))
+    if not shape:  # a 0-d tensor has no empty box
+        return
+    # An empty chunk at a non-empty chunk's offset: DCP would file both under one key.
+    shadow = Box(boxes[k].offsets, (0,) * len(shape))
+    with pytest.raises(ChunkError) as same:
+        check_chunks("t", shape, [(b.offsets, b.sizes) for b in [*boxes, shadow]])
+    assert same.value.kind == "offset" and same.value.chunks == (k, len(boxes))
 
 
 @pytest.mark.rule("CKPT-1")

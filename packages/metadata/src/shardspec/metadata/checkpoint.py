@@ -4,7 +4,10 @@ A DCP checkpoint records each tensor as a shape and a list of chunks (boxes), ea
 box written once. The chunks of a tensor are valid exactly when, as a layout in which chunk
 ``i`` belongs to "rank" ``i``, they pass :meth:`Layout.validate` and no non-empty box is
 written twice (two chunks of the same box would be replicas in a layout, but a checkpoint
-holds each element once, so for a checkpoint they overlap).
+holds each element once, so for a checkpoint they overlap), and no two chunks start at the
+same offset unless both are empty (DCP keys a chunk's stored data by the tensor's key and the
+chunk's offset, so of an empty chunk and a non-empty one at the same offset only one keeps its
+data: saving drops the other, or loading reads the wrong one).
 
 The verdict names the tensor and the culprit chunks by their index in the tensor's chunk list
 (the index DCP's ``MetadataIndex`` uses): a gap names its first uncovered element and how many
@@ -22,7 +25,7 @@ from .box import Box
 from .errors import LayoutError
 from .layout import Layout, Shard
 
-__all__ = ["ChunkError", "check_chunks", "chunk_verdict"]
+__all__ = ["ChunkError", "check_chunks", "chunk_verdict", "storable"]
 
 ChunkBounds = tuple[Sequence[int], Sequence[int]]
 
@@ -30,7 +33,8 @@ ChunkBounds = tuple[Sequence[int], Sequence[int]]
 class ChunkError(LayoutError):
     """The chunks of a checkpointed tensor break CKPT-1. ``fqn`` is the tensor's key,
     ``chunks`` the indices of the culprit chunks (``shards`` holds the same indices), ``kind``
-    one of ``"value"``, ``"ndim"``, ``"bounds"``, ``"overlap"``, ``"gap"``."""
+    one of ``"value"``, ``"ndim"``, ``"bounds"``, ``"overlap"``, ``"offset"`` (two chunks at
+    one offset, not both empty), ``"gap"``."""
 
     def __init__(
         self,
@@ -91,6 +95,7 @@ def chunk_verdict(
         return ChunkError(fqn, f"bad shape {shape!r}: {e}", kind="value")
     shards: list[Shard] = []
     first_of: dict[Box, int] = {}
+    at_offset: dict[tuple[int, ...], int] = {}
     for i, (offsets, sizes) in enumerate(chunks):
         try:
             box = Box(tuple(offsets), tuple(sizes))
@@ -105,6 +110,16 @@ def chunk_verdict(
                 kind="overlap",
                 chunks=(j, i),
             )
+        k = at_offset.setdefault(box.offsets, i)
+        if k != i and not (box.is_empty and shards[k].box.is_empty):
+            return ChunkError(
+                fqn,
+                f"chunks #{k} {_show(shards[k].box)} and #{i} {_show(box)} start at the same "
+                "offset: DCP files a tensor's chunks by offset, so the checkpoint holds the "
+                f"data of only one of them (tensor shape {shape_t})",
+                kind="offset",
+                chunks=(k, i),
+            )
         shards.append(Shard(box, i))
     layout = Layout(shape_t, shards)
     try:
@@ -112,6 +127,14 @@ def chunk_verdict(
     except LayoutError as e:
         return _explain(fqn, layout, e)
     return layout
+
+
+def storable(layout: Layout) -> Layout:
+    """``layout`` without the empty shards that start where a non-empty shard does: what a
+    checkpoint can hold of it (DCP files chunks by offset; CKPT-1). Nothing else changes."""
+    starts = {s.box.offsets for s in layout.shards if not s.box.is_empty}
+    keep = [s for s in layout.shards if not (s.box.is_empty and s.box.offsets in starts)]
+    return layout if len(keep) == len(layout.shards) else Layout(layout.shape, keep)
 
 
 def _explain(fqn: str, layout: Layout, e: LayoutError) -> ChunkError:

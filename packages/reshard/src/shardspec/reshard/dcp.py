@@ -18,17 +18,20 @@ chunk lying inside another one), so the loaded bytes are the same (CKPT-3).
 :class:`SavePlanner` is ``DefaultSavePlanner`` whose global plan check is CKPT-1 on every
 tensor (one :meth:`Layout.validate` each, O(n log n) on grid layouts) instead of upstream's
 own overlap sweep; with a single plan (one process saving) coverage is not required, as
-upstream allows.
+upstream allows. It leaves out an empty chunk that starts where a non-empty chunk of the same
+tensor does: DCP files chunks by offset, and the empty one would displace the other's data.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections import ChainMap
 from typing import Any
 
 import torch
+from torch.distributed._shard.sharded_tensor.api import ShardedTensor
 from torch.distributed.checkpoint import _version
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.default_planner import (
@@ -43,7 +46,14 @@ from torch.distributed.checkpoint.metadata import (
     MetadataIndex,
     TensorStorageMetadata,
 )
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem, SavePlan
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    ReadItem,
+    SavePlan,
+    WriteItem,
+    WriteItemType,
+)
 from torch.distributed.checkpoint.planner_helpers import _create_chunk_list, _create_read_items
 from torch.distributed.tensor import DTensor
 
@@ -197,13 +207,58 @@ class SavePlanner(DefaultSavePlanner):  # type: ignore[misc]
     """``DefaultSavePlanner`` whose global plan check is CKPT-1 (:meth:`Layout.validate` per
     tensor). Takes the same arguments."""
 
+    def resolve_data(self, write_item: WriteItem) -> Any:
+        data = write_item.tensor_data
+        obj = self.state_dict.get(write_item.index.fqn)
+        if write_item.type == WriteItemType.SHARD and data and isinstance(obj, ShardedTensor):
+            # DCP finds the shard by the item's index, which its global plan renumbers, then
+            # by offset alone: the wrong shard when an empty one starts at the same offset.
+            # Offsets and sizes name the shard.
+            want = (tuple(data.chunk.offsets), tuple(data.chunk.sizes))
+            for shard in obj.local_shards():
+                md = shard.metadata
+                if (tuple(md.shard_offsets), tuple(md.shard_sizes)) == want:
+                    return self.transform_object(write_item, shard.tensor)
+        return super().resolve_data(write_item)
+
     def _create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
-        global_plan, metadata = create_default_global_save_plan(self._dedup_save_plans(all_plans))
+        plans = _without_shadowed_empty_chunks(all_plans)
+        global_plan, metadata = create_default_global_save_plan(self._dedup_save_plans(plans))
         if self.flatten_state_dict:
             merged = dict(ChainMap(*(p.planner_data for p in global_plan)))
             metadata = dataclasses.replace(metadata, planner_data=merged)
         check_saved_chunks(metadata, require_cover=len(global_plan) > 1)
         return global_plan, metadata
+
+
+def _without_shadowed_empty_chunks(plans: list[SavePlan]) -> list[SavePlan]:
+    """The plans without the empty chunks that start where a non-empty chunk of the same
+    tensor does, on any rank. DCP files chunks by (key, offset): such an empty chunk would win
+    the dedup against the other (whose data would then not be saved) or, on one rank, take
+    its storage entry. It holds no data, so leaving it out loses nothing (CKPT-1)."""
+
+    def chunk(w: WriteItem) -> Any:
+        return w.tensor_data.chunk if w.type == WriteItemType.SHARD and w.tensor_data else None
+
+    filled = {
+        (w.index.fqn, tuple(c.offsets))
+        for p in plans
+        for w in p.items
+        if (c := chunk(w)) is not None and math.prod(c.sizes) > 0
+    }
+
+    def shadowed(w: WriteItem) -> bool:
+        c = chunk(w)
+        return (
+            c is not None and math.prod(c.sizes) == 0 and (w.index.fqn, tuple(c.offsets)) in filled
+        )
+
+    return [
+        dataclasses.replace(p, items=[w for w in p.items if not shadowed(w)])
+        if any(shadowed(w) for w in p.items)
+        else p
+        for p in plans
+    ]
 
 
 def check_saved_chunks(metadata: Metadata, *, require_cover: bool = True) -> None:

@@ -1,0 +1,122 @@
+"""Pool operations of the checkpoint area (spec/09-checkpoint.md): a real ``dcp.save`` on one
+pool and a real ``dcp.load`` on another, through the file system, so a checkpoint written on
+W ranks is read back on any other number. Registered in ``conformance.ops``'s table when that
+module imports this one.
+
+``via`` picks whose code runs: torch's own ShardedTensor construction, ``distribute_tensor``
+and DCP's default planners, or shardspec's ``to_sharded_tensor_metadata``,
+``distribute_dtensor`` and ``shardspec.reshard.dcp``'s planners. Only DCP's file format and
+storage layer are shared.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from conformance.codec import layout_from_json, placements_from_json
+from conformance.ops import Context, _dtensor_mesh, _via, operation
+from conformance.ops_convert import sharded_tensor_of
+
+__all__: list[str] = []
+
+KEY = "t"
+
+
+def _check_boxes(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
+    _via(args)
+    layout = layout_from_json(args["layout"])
+    if any(s.rank >= ctx.world for s in layout.shards):
+        raise ValueError(f"layout names ranks beyond the pool's {ctx.world}")
+    boxes = layout.boxes_of(ctx.rank)
+    if len(ts) != len(boxes) or any(tuple(t.shape) != b.sizes for t, b in zip(ts, boxes)):
+        raise ValueError(f"rank {ctx.rank}: tensors {[tuple(t.shape) for t in ts]} for {boxes}")
+
+
+@operation("checkpoint.save", collective=True, check=_check_boxes)
+def _save(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
+    """``dcp.save`` of one ShardedTensor holding this rank's boxes of ``layout`` to ``path``."""
+    import torch.distributed.checkpoint as dcp
+
+    layout = layout_from_json(args["layout"])
+    via = _via(args)
+    st = sharded_tensor_of(ctx, layout, getattr(torch, args["dtype"]), ts, via)
+    dcp.save({KEY: st}, checkpoint_id=args["path"], planner=_save_planner(via))
+    return None, []
+
+
+def _save_planner(via: str) -> Any:
+    if via == "shardspec":
+        from shardspec.reshard.dcp import SavePlanner
+
+        return SavePlanner()
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    return DefaultSavePlanner()
+
+
+def _load_planner(via: str) -> Any:
+    if via == "shardspec":
+        from shardspec.reshard.dcp import LoadPlanner
+
+        return LoadPlanner()
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    return DefaultLoadPlanner()
+
+
+def _check_load(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
+    _via(args)
+    if args["kind"] == "sharded":
+        _check_boxes(ctx, args, ts)
+        return
+    if args["kind"] != "dtensor":
+        raise ValueError(f"kind must be 'sharded' or 'dtensor', got {args['kind']!r}")
+    mesh = tuple(args["mesh"])
+    n = 1
+    for m in mesh:
+        n *= m
+    if n != ctx.world:
+        raise ValueError(f"mesh {mesh} has {n} devices but the pool has {ctx.world} ranks")
+    if len(placements_from_json(args["placements"])) != len(mesh):
+        raise ValueError(f"{len(args['placements'])} placements for a {len(mesh)}-d mesh")
+
+
+@operation("checkpoint.load", collective=True, check=_check_load)
+def _load(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
+    """``dcp.load`` from ``path`` into a tensor of ``dtype`` whose elements are all ``fill``
+    (so an element no read reaches shows): a ShardedTensor holding this rank's boxes of
+    ``layout`` (``kind`` sharded; ``ts`` are the filled boxes), or a DTensor on a ``mesh``
+    with ``placements`` (``kind`` dtensor). Returns the local tensors after the load, in the
+    layout's local order, and the DTensor's mesh coordinate."""
+    import torch.distributed.checkpoint as dcp
+
+    via = _via(args)
+    dtype = getattr(torch, args["dtype"])
+    if args["kind"] == "sharded":
+        obj = sharded_tensor_of(ctx, layout_from_json(args["layout"]), dtype, ts, via)
+    else:
+        obj = _filled_dtensor(ctx, args, dtype, via)
+    dcp.load({KEY: obj}, checkpoint_id=args["path"], planner=_load_planner(via))
+    if args["kind"] == "sharded":
+        return None, [s.tensor for s in obj.local_shards()]
+    return {"coordinate": obj.device_mesh.get_coordinate()}, [obj.to_local()]
+
+
+def _filled_dtensor(ctx: Context, args: dict[str, Any], dtype: torch.dtype, via: str) -> Any:
+    """A DTensor of ``fill`` (every rank makes its own piece: no collective, no scatter)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    mesh = _dtensor_mesh(ctx, args)
+    placements = placements_from_json(args["placements"])
+    full = torch.full(tuple(args["shape"]), args["fill"], dtype=dtype, device=ctx.device)
+    if via == "shardspec":
+        from shardspec.reshard.dtensor_io import distribute_dtensor
+
+        return distribute_dtensor(full, mesh, placements, src_rank=None)
+    return distribute_tensor(full, mesh, placements, src_data_rank=None)

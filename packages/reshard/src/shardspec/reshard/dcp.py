@@ -140,16 +140,18 @@ def read_items_for_chunks(
     items: list[ReadItem] = []
     # The destination holds only this rank's chunks, so it is no valid layout (no coverage):
     # the source was checked above; validate=False plans without asking the destination to.
+    # Offsets as the layouts' plain tuples: iterating a torch.Size costs more per element.
+    src_off = [sh.box.offsets for sh in src.shards]
+    dst_off = [sh.box.offsets for sh in dst.shards]
     for p in plan(src, dst, validate=False).pieces:
-        s = chunks[p.src_shard]
-        d = local[p.dst_shard]
+        si, di = p.src_shard, p.dst_shard
         items.append(
             ReadItem(
                 type=LoadItemType.TENSOR,
-                dest_index=MetadataIndex(fqn, d.offsets, p.dst_shard),
-                dest_offsets=torch.Size(_minus(p.offsets, d.offsets)),
-                storage_index=MetadataIndex(fqn, s.offsets, p.src_shard),
-                storage_offsets=torch.Size(_minus(p.offsets, s.offsets)),
+                dest_index=MetadataIndex(fqn, local[di].offsets, di),
+                dest_offsets=torch.Size(_minus(p.offsets, dst_off[di])),
+                storage_index=MetadataIndex(fqn, chunks[si].offsets, si),
+                storage_offsets=torch.Size(_minus(p.offsets, src_off[si])),
                 lengths=torch.Size(p.sizes),
             )
         )

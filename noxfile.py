@@ -111,6 +111,7 @@ def conformance(session: nox.Session) -> None:
 # exactly W devices up to 4-D; reshard: layouts over W ranks, more ranks than rows; fsdp: FSDP x
 # TP and HSDP x TP meshes of W devices, 2-D to 4-D; validation: grids and chunkings of W cells).
 SCALE_WORLDS = "8,64,512,1024"
+SCALE_EXAMPLES = "3"
 SCALE_AREAS = (
     "conformance/tests/test_reshard.py",
     "conformance/tests/test_dtensor.py",
@@ -158,6 +159,9 @@ def conformance_scale(session: nox.Session) -> None:
     rest = install_stack(session)
     session.env["SHARDSPEC_SIM_WORLDS"] = os.environ.get("SHARDSPEC_SIM_WORLDS", SCALE_WORLDS)
     session.env["HYPOTHESIS_PROFILE"] = "short"
+    # An example at 1024 ranks costs seconds: SCALE_EXAMPLES per property keeps both
+    # implementations' runs under 15 minutes on 2 cores (set SHARDSPEC_EXAMPLES for more).
+    session.env["SHARDSPEC_EXAMPLES"] = os.environ.get("SHARDSPEC_EXAMPLES", SCALE_EXAMPLES)
     for impl in os.environ.get("SHARDSPEC_SCALE_IMPLS", "shardspec,torch").split(","):
         session.env["SHARDSPEC_IMPL"] = impl
         areas = [*SCALE_AREAS, *(SCALE_AREAS_SHARDSPEC if impl == "shardspec" else ())]

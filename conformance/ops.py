@@ -112,7 +112,9 @@ def _from_wire(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.view(dtype) if t.dtype != dtype else t
 
 
-def _dtensor_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
+def mesh_check(ctx: Context, args: dict[str, Any]) -> list[Any]:
+    """The args' torch placements, after checking that ``mesh`` has the pool's ranks and one
+    placement per mesh dim."""
     from conformance.codec import placements_from_json
 
     mesh = tuple(args["mesh"])
@@ -124,6 +126,11 @@ def _dtensor_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -
     placements = placements_from_json(args["placements"])
     if len(placements) != len(mesh):
         raise ValueError(f"{len(placements)} placements for a {len(mesh)}-d mesh")
+    return placements
+
+
+def _dtensor_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
+    placements = mesh_check(ctx, args)
     if len(ts) != 1:
         raise ValueError("dtensor ops take the global tensor as their one input")
     for p in placements:

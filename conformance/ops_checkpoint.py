@@ -16,25 +16,15 @@ from typing import Any
 import torch
 
 from conformance.codec import layout_from_json, placements_from_json
-from conformance.ops import Context, _dtensor_mesh, _via, operation
-from conformance.ops_convert import sharded_tensor_of
+from conformance.ops import Context, _dtensor_mesh, _via, mesh_check, operation
+from conformance.ops_convert import _st_check, sharded_tensor_of
 
 __all__: list[str] = []
 
 KEY = "t"
 
 
-def _check_boxes(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
-    _via(args)
-    layout = layout_from_json(args["layout"])
-    if any(s.rank >= ctx.world for s in layout.shards):
-        raise ValueError(f"layout names ranks beyond the pool's {ctx.world}")
-    boxes = layout.boxes_of(ctx.rank)
-    if len(ts) != len(boxes) or any(tuple(t.shape) != b.sizes for t, b in zip(ts, boxes)):
-        raise ValueError(f"rank {ctx.rank}: tensors {[tuple(t.shape) for t in ts]} for {boxes}")
-
-
-@operation("checkpoint.save", collective=True, check=_check_boxes)
+@operation("checkpoint.save", collective=True, check=_st_check)
 def _save(
     ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
 ) -> tuple[Any, list[torch.Tensor]]:
@@ -71,18 +61,11 @@ def _load_planner(via: str) -> Any:
 def _check_load(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
     _via(args)
     if args["kind"] == "sharded":
-        _check_boxes(ctx, args, ts)
-        return
-    if args["kind"] != "dtensor":
+        _st_check(ctx, args, ts)
+    elif args["kind"] == "dtensor":
+        mesh_check(ctx, args)
+    else:
         raise ValueError(f"kind must be 'sharded' or 'dtensor', got {args['kind']!r}")
-    mesh = tuple(args["mesh"])
-    n = 1
-    for m in mesh:
-        n *= m
-    if n != ctx.world:
-        raise ValueError(f"mesh {mesh} has {n} devices but the pool has {ctx.world} ranks")
-    if len(placements_from_json(args["placements"])) != len(mesh):
-        raise ValueError(f"{len(args['placements'])} placements for a {len(mesh)}-d mesh")
 
 
 @operation("checkpoint.load", collective=True, check=_check_load)

@@ -65,7 +65,7 @@ DEFECT = {
     "spec_says": "flattening keeps every entry: a ShardedTensor with no local shard is kept as "
     "it is, so every rank's state dict names the same keys",
     # packages/fsdp/tests/test_hooks_single.py checks it too; no conformance test reaches it yet
-    "tests": [],
+    "tests": ["test_flatten.py::test_flattening_keeps_every_key_and_states_the_2d_layout"],
 }
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))

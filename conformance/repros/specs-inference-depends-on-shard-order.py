@@ -51,6 +51,8 @@ DEFECT = {
     "tests": [
         "test_specs.py::test_inference_does_not_depend_on_shard_order",
         "test_specs.py::test_inferred_spec_is_chunk_exactly_when_a_chunking_gives_the_layout",
+        "test_specs.py::test_inferred_spec_gives_back_the_layout_ranks_included",
+        "test_specs.py::test_torch_sharding_spec_says_the_layout_ranks_included",
     ],
 }
 

@@ -209,18 +209,27 @@ class SavePlanner(DefaultSavePlanner):  # type: ignore[misc]
     """``DefaultSavePlanner`` whose global plan check is CKPT-1 (:meth:`Layout.validate` per
     tensor). Takes the same arguments."""
 
+    def set_up_planner(self, *args: Any, **kwargs: Any) -> None:
+        super().set_up_planner(*args, **kwargs)
+        self._shards_by_box: dict[str, dict[tuple[Any, Any], torch.Tensor]] = {}
+
     def resolve_data(self, write_item: WriteItem) -> Any:
         data = write_item.tensor_data
-        obj = self.state_dict.get(write_item.index.fqn)
+        fqn = write_item.index.fqn
+        obj = self.state_dict.get(fqn)
         if write_item.type == WriteItemType.SHARD and data and isinstance(obj, ShardedTensor):
             # DCP finds the shard by the item's index, which its global plan renumbers, then
-            # by offset alone: the wrong shard when an empty one starts at the same offset.
-            # Offsets and sizes name the shard.
-            want = (tuple(data.chunk.offsets), tuple(data.chunk.sizes))
-            for shard in obj.local_shards():
-                md = shard.metadata
-                if (tuple(md.shard_offsets), tuple(md.shard_sizes)) == want:
-                    return self.transform_object(write_item, shard.tensor)
+            # by scanning for the offset alone: the wrong shard when an empty one starts at
+            # the same offset. Offsets and sizes name the shard; indexed once per tensor.
+            boxes = self._shards_by_box.get(fqn)
+            if boxes is None:
+                boxes = self._shards_by_box[fqn] = {
+                    (tuple(s.metadata.shard_offsets), tuple(s.metadata.shard_sizes)): s.tensor
+                    for s in obj.local_shards()
+                }
+            tensor = boxes.get((tuple(data.chunk.offsets), tuple(data.chunk.sizes)))
+            if tensor is not None:
+                return self.transform_object(write_item, tensor)
         return super().resolve_data(write_item)
 
     def _create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:

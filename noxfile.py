@@ -111,15 +111,27 @@ def conformance(session: nox.Session) -> None:
 # exactly W devices up to 4-D; reshard: layouts over W ranks, more ranks than rows; fsdp: FSDP x
 # TP and HSDP x TP meshes of W devices, 2-D to 4-D; validation: grids and chunkings of W cells).
 SCALE_WORLDS = "8,64,512,1024"
+LOCAL_TESTS = (
+    "conformance/tests/test_convert.py::test_dtensor_chunk_lists_on_every_rank_of_a_large_mesh",
+    "conformance/tests/test_dtensor_moves.py::"
+    "test_redistribute_on_every_rank_of_a_large_mesh_holds_the_oracles_pieces",
+    "conformance/tests/test_dtensor_moves.py::"
+    "test_redistribute_on_a_large_flattened_mesh_holds_the_oracles_pieces",
+)
 SCALE_EXAMPLES = "3"
 SCALE_AREAS = (
     "conformance/tests/test_reshard.py",
     "conformance/tests/test_dtensor.py",
     "conformance/tests/test_validation.py",
+    # every rank of a mesh as one program on LocalTensorMode (against torch; shardspec's
+    # frontends are reported unsupported there and run on the threaded worlds above)
+    *LOCAL_TESTS,
 )
-# Not here: test_dtensor_moves.py draws permuted and flattened meshes, a new DeviceMesh per
-# example, and building one over 1024 threads creates every subgroup on every rank (minutes
-# each); it needs the fsdp area's per-rank DeviceMesh.from_group construction first.
+# Not here on threads: the rest of test_dtensor_moves.py draws permuted and flattened meshes, a
+# new DeviceMesh per example, and building one over 1024 threads creates every subgroup on
+# every rank (minutes each). Its ascending and flattened moves run at these sizes as one
+# program (LOCAL_TESTS); permuted meshes do not (LocalTensorMode's collectives recurse without
+# end on a permuted rank list in torch 2.13).
 # Run against shardspec only: on the threaded process group torch's chunk_tensor raises ("no
 # backend has been registered with this ProcessGroup") and a raising upstream chunk_dtensor
 # leaves 1024 threads outside any collective, whose teardown takes many minutes.
@@ -154,10 +166,12 @@ def conformance_launched(session: nox.Session) -> None:
 @nox.session
 def conformance_scale(session: nox.Session) -> None:
     """The reshard, dtensor, fsdp (HSDP x TP, 3-D and 4-D meshes) and validation areas on
-    simulated worlds of 8 to 1024 ranks (threads on torch's threaded process group), against
+    simulated worlds of 8 to 1024 ranks (threads on torch's threaded process group), and
+    DTensor's moves and chunk lists as one program for every rank (LocalTensorMode), against
     shardspec and against torch (fsdp: against shardspec only, see SCALE_AREAS_SHARDSPEC)."""
     rest = install_stack(session)
     session.env["SHARDSPEC_SIM_WORLDS"] = os.environ.get("SHARDSPEC_SIM_WORLDS", SCALE_WORLDS)
+    session.env["SHARDSPEC_LOCAL_WORLDS"] = os.environ.get("SHARDSPEC_LOCAL_WORLDS", SCALE_WORLDS)
     session.env["HYPOTHESIS_PROFILE"] = "short"
     # An example at 1024 ranks costs seconds: SCALE_EXAMPLES per property keeps both
     # implementations' runs under 15 minutes on 2 cores (set SHARDSPEC_EXAMPLES for more).

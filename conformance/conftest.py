@@ -145,3 +145,13 @@ def pools() -> Iterator[Callable[[int], Any]]:
     yield get
     shutdown_pools()
     shutdown_simulated()
+
+
+@pytest.fixture(scope="session")
+def local_pools() -> Callable[[int], Any]:
+    """``local_pools(W)``: W ranks run as one program in this thread, on torch's
+    ``LocalTensorMode`` (DTensor code only: see ``shardspec.testing.local_tensor``)."""
+    from conformance import OPS
+    from shardspec.testing.local_tensor import LocalTensorPool
+
+    return lambda world_size: LocalTensorPool(world_size, ops=OPS)

@@ -252,15 +252,23 @@ def placement_lists(draw: st.DrawFn, ndim: int, mesh_ndim: int) -> list[Any]:
 
 @st.composite
 def dtensor_pool_cases(
-    draw: st.DrawFn, *, max_world: int = 4, strided: bool = True, negative_dims: bool = True
+    draw: st.DrawFn,
+    *,
+    max_world: int = 4,
+    strided: bool = True,
+    negative_dims: bool = True,
+    worlds: Sequence[int] = (),
 ) -> tuple[tuple[int, ...], tuple[int, ...], list[Any]]:
     """``(shape, mesh shape, JSON placements)`` for a mesh of the pool's ranks in row-major
     order: 0-d to 4-d shapes with zero-size dims, meshes up to 3-D, nested and strided
-    shards, more ranks than rows."""
+    shards, more ranks than rows. ``worlds``: draw the mesh from these world sizes (up to
+    4-D) instead of the run's pools."""
     from shardspec.testing.devices import simulated_worlds
 
     shp = draw(shapes(max_dims=4, max_side=6))
-    if simulated_worlds():  # a mesh of exactly one simulated world, up to 4-D
+    if worlds:
+        mesh = draw(factorizations(draw(st.sampled_from(sorted(worlds)))))
+    elif simulated_worlds():  # a mesh of exactly one simulated world, up to 4-D
         mesh = draw(factorizations(draw(world_sizes())))
     else:
         mesh = draw(mesh_shapes(max_world=max_world))

@@ -226,7 +226,18 @@ class Impl:
     def _run_via(self, what: str, pool: Any, op: str, args: dict[str, Any], **kw: Any) -> Any:
         if self.via is None:
             raise self.unsupported(what)
-        return list(pool.run(op, {**args, "via": self.via}, **kw))
+        if getattr(pool, "single_program", False) and self.via != "torch":
+            raise self.unsupported(
+                f"{what} on one program for every rank (LocalTensorMode): {self.via} computes "
+                "each rank's boxes from its rank number in Python; its large worlds run on "
+                "threaded ranks (nox -s conformance_scale)"
+            )
+        from shardspec.testing.local_tensor import SingleProgramError
+
+        try:
+            return list(pool.run(op, {**args, "via": self.via}, **kw))
+        except SingleProgramError as e:
+            raise self.unsupported(f"{what} beyond LocalTensorMode's one program: {e}") from None
 
     def sharded_tensor(
         self, pool: Any, layout: Layout, tensor: Any, example: str | None = None

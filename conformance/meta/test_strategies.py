@@ -33,6 +33,7 @@ from conformance.strategies import (
 from shardspec.metadata import Box, Layout, chunk_layout
 
 FIND = settings(max_examples=2000, database=None)
+LARGE = dtensor_pool_cases(negative_dims=False, worlds=(8, 64, 512, 1024))
 
 
 def reaches(strategy: st.SearchStrategy[Any], condition: Callable[[Any], bool]) -> None:
@@ -74,6 +75,10 @@ def _more_ranks_than_rows(args: Any) -> bool:
         (dtensor_pool_cases(), lambda c: any(p[0] == "SS" and p[2] > 1 for p in c[2])),
         (dtensor_pool_cases(), lambda c: ["R"] in c[2] and any(p[0] == "S" for p in c[2])),
         (dtensor_pool_cases(), lambda c: len([p for p in c[2] if p[0] == "S"]) >= 2),
+        # the meshes of the one-program (LocalTensorMode) tests: 4-D, size-1 dims, more ranks
+        # than rows on a sharded dim, the largest world drawn
+        (LARGE, lambda c: len(c[1]) == 4 and 1 in c[1] and math.prod(c[1]) == 1024),
+        (LARGE, lambda c: any(p[0] == "S" and c[0][p[1]] < c[1][i] for i, p in enumerate(c[2]))),
     ],
 )
 def test_strategies_reach_the_edges(strategy: Any, condition: Callable[[Any], bool]) -> None:

@@ -31,7 +31,7 @@ from conformance.codec import layout_from_json, placement_repr, placements_from_
 from conformance.impls import Impl
 from conformance.strategies import dtensor_pool_cases, dtypes, shapes, tensors, valid_layouts
 from shardspec.metadata import Box, Layout, chunk_layout
-from shardspec.testing.devices import max_world_size
+from shardspec.testing.devices import local_worlds, max_world_size
 
 MAX_WORLD = max(1, max_world_size())
 
@@ -135,15 +135,16 @@ def _same_up_to_empty_offsets(got: list[Box], want: list[Box]) -> bool:
 
 DTENSOR_CASES = dtensor_pool_cases(max_world=MAX_WORLD, negative_dims=False)
 
-
-@pytest.mark.rule("CONVERT-7", "DTENSOR-7", "CONF-1")
-@pytest.mark.known_defect(
-    "torch",
+DTENSOR_DEFECT_CHUNK_LIST = (
     "DTensor.__create_chunk_list__ reports one chunk per rank from "
     "compute_local_shape_and_global_offset; a _StridedShard local tensor holding several "
     "blocks (3 rows, [_StridedShard(0, split_factor=2)] on 2 ranks: rank 0 holds rows 0 and 2) "
-    "is described as the one block [0, 2), so DCP would save row 1's place with row 2's data",
+    "is described as the one block [0, 2), so DCP would save row 1's place with row 2's data"
 )
+
+
+@pytest.mark.rule("CONVERT-7", "DTENSOR-7", "CONF-1")
+@pytest.mark.known_defect("torch", DTENSOR_DEFECT_CHUNK_LIST)
 @pytest.mark.pool
 @given(DTENSOR_CASES, st.data())
 @example(((3,), (2,), [["SS", 0, 2]]), None)
@@ -153,8 +154,23 @@ def test_dtensor_chunk_list_is_where_the_local_data_sits(
     """DCP's chunk list of a real DTensor, on each rank: one chunk per block of its local
     tensor, in local order, and the local tensor's bytes are the global tensor at those
     chunks."""
+    check_chunk_lists(impl, pools, dcase, _tensor(dcase[0], data))
+
+
+@pytest.mark.rule("CONVERT-7", "DTENSOR-7", "CONF-1")
+@pytest.mark.known_defect("torch", DTENSOR_DEFECT_CHUNK_LIST)
+@given(dtensor_pool_cases(negative_dims=False, worlds=local_worlds()), st.data())
+@example(((3, 2), (2, 2, 2), [["R"], ["SS", 0, 2], ["R"]]), None)
+def test_dtensor_chunk_lists_on_every_rank_of_a_large_mesh(
+    impl: Impl, local_pools: Any, dcase: Any, data: Any
+) -> None:
+    """The same question for every rank of meshes of 8 to 1024 ranks (up to 4-D), answered
+    by one program on torch's LocalTensorMode."""
+    check_chunk_lists(impl, local_pools, dcase, _tensor(dcase[0], data))
+
+
+def check_chunk_lists(impl: Impl, pools: Any, dcase: Any, t: torch.Tensor) -> None:
     shape, mesh, placements = dcase
-    t = _tensor(shape, data)
     ex = _describe(shape, mesh, placements) + f" dtype={t.dtype}"
     coords = reference.mesh_coordinates(mesh)
     with case():

@@ -11,6 +11,7 @@ combinations, which is a missing feature, not a wrong layout."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -28,7 +29,7 @@ from conformance.strategies import (
     tensors,
     world_sizes,
 )
-from shardspec.testing.devices import max_world_size, simulated_worlds
+from shardspec.testing.devices import local_worlds, max_world_size, simulated_worlds
 
 
 def _coordinate(mesh: tuple[int, ...], order: list[int], rank: int) -> tuple[int, ...]:
@@ -51,15 +52,26 @@ def _pl(placements: list[Any]) -> str:
     return "[" + ", ".join(placement_repr(p) for p in placements) + "]"
 
 
+FLATTENED_DEFECT = (
+    "redistribute on a mesh with a flattened submesh takes one flat all-gather that assumes "
+    "the flattened dim's chunks: uneven nested Shard(d) pieces lose rows and gain padding"
+)
+
+
 @st.composite
-def moves(draw: st.DrawFn, *, mesh_kind: str = "ascending") -> dict[str, Any]:
-    """A tensor's shape, a mesh of the pool's ranks, source and destination placements (no
-    _StridedShard). ``mesh_kind``: ``ascending`` (ranks in row-major order), ``permuted``
-    (any other order), ``flattened`` (ascending, at least 2 dims, the source sharding one
-    tensor dim on every mesh dim: the nested case DTensor's flattened path handles)."""
+def moves(
+    draw: st.DrawFn, *, mesh_kind: str = "ascending", worlds: Sequence[int] = ()
+) -> dict[str, Any]:
+    """A tensor's shape, a mesh of the pool's ranks (of one of ``worlds`` when given),
+    source and destination placements (no _StridedShard). ``mesh_kind``: ``ascending``
+    (ranks in row-major order), ``permuted`` (any other order), ``flattened`` (ascending, at
+    least 2 dims, the source sharding one tensor dim on every mesh dim: the nested case
+    DTensor's flattened path handles)."""
     flattened = mesh_kind == "flattened"
     top = max(1, max_world_size())
-    shape, mesh, src = draw(dtensor_pool_cases(max_world=top, strided=False, negative_dims=False))
+    shape, mesh, src = draw(
+        dtensor_pool_cases(max_world=top, strided=False, negative_dims=False, worlds=worlds)
+    )
     if flattened:
         if len(mesh) < 2:
             world = math.prod(mesh)
@@ -110,6 +122,17 @@ def test_redistribute_and_full_tensor_hold_the_oracles_pieces(
     _check_moved(impl, pools, m, False, t)
 
 
+@pytest.mark.rule("CONF-1", "DTENSOR-2", "RESHARD-8")
+@given(moves(worlds=local_worlds()), st.data())
+def test_redistribute_on_every_rank_of_a_large_mesh_holds_the_oracles_pieces(
+    impl: Impl, local_pools: Any, m: dict[str, Any], data: st.DataObject
+) -> None:
+    """The same moves on meshes of 8 to 1024 ranks (up to 4-D, uneven nested shards, more
+    ranks than rows), every rank at once on torch's LocalTensorMode."""
+    t = data.draw(tensors(m["shape"], dtypes()), label="tensor")
+    _check_moved(impl, local_pools, m, False, t)
+
+
 @pytest.mark.rule("CONF-1", "DTENSOR-1", "RESHARD-8")
 @pytest.mark.known_defect(
     "torch",
@@ -129,8 +152,7 @@ def test_redistribute_on_a_mesh_in_any_rank_order_holds_the_oracles_pieces(
 @pytest.mark.rule("CONF-1", "DTENSOR-2", "RESHARD-8")
 @pytest.mark.known_defect(
     "torch",
-    "redistribute on a mesh with a flattened submesh takes one flat all-gather that assumes "
-    "the flattened dim's chunks: uneven nested Shard(d) pieces lose rows and gain padding",
+    FLATTENED_DEFECT,
     issue="PR #194457",
 )
 @pytest.mark.pool
@@ -140,6 +162,17 @@ def test_redistribute_on_a_flattened_mesh_holds_the_oracles_pieces(
 ) -> None:
     t = data.draw(tensors(m["shape"], dtypes()), label="tensor")
     _check_moved(impl, pools, m, True, t)
+
+
+@pytest.mark.rule("CONF-1", "DTENSOR-2", "RESHARD-8")
+@pytest.mark.known_defect("torch", FLATTENED_DEFECT, issue="PR #194457")
+@given(moves(mesh_kind="flattened", worlds=local_worlds()), st.data())
+def test_redistribute_on_a_large_flattened_mesh_holds_the_oracles_pieces(
+    impl: Impl, local_pools: Any, m: dict[str, Any], data: st.DataObject
+) -> None:
+    """The flattened path on meshes of 8 to 1024 ranks, every rank at once (LocalTensorMode)."""
+    t = data.draw(tensors(m["shape"], dtypes()), label="tensor")
+    _check_moved(impl, local_pools, m, True, t)
 
 
 @pytest.mark.rule("DTENSOR-1", "RESHARD-12")

@@ -104,19 +104,30 @@ def rank_device(rank: int, backend_name: str, device: str | None = None) -> str:
     return "cpu"
 
 
-def simulated_worlds() -> list[int]:
-    """The world sizes to simulate in this process (``SHARDSPEC_SIM_WORLDS``, e.g.
-    ``8,64,512,1024``; none by default)."""
-    raw = os.environ.get("SHARDSPEC_SIM_WORLDS", "")
+def _sizes_from(variable: str, default: str) -> list[int]:
+    raw = os.environ.get(variable, default)
     try:
         sizes = sorted({int(x) for x in raw.split(",") if x.strip()})
     except ValueError:
-        raise ValueError(
-            f"SHARDSPEC_SIM_WORLDS must be comma-separated integers, got {raw!r}"
-        ) from None
+        raise ValueError(f"{variable} must be comma-separated integers, got {raw!r}") from None
     if any(w < 1 for w in sizes):
-        raise ValueError(f"SHARDSPEC_SIM_WORLDS sizes must be >= 1, got {raw!r}")
+        raise ValueError(f"{variable} sizes must be >= 1, got {raw!r}")
     return sizes
+
+
+def simulated_worlds() -> list[int]:
+    """The world sizes to simulate in this process (``SHARDSPEC_SIM_WORLDS``, e.g.
+    ``8,64,512,1024``; none by default)."""
+    return _sizes_from("SHARDSPEC_SIM_WORLDS", "")
+
+
+LOCAL_WORLDS = "8,16,64"
+
+
+def local_worlds() -> list[int]:
+    """The world sizes run as one program under ``LocalTensorMode``
+    (:mod:`.local_tensor`; ``SHARDSPEC_LOCAL_WORLDS``, default 8, 16 and 64)."""
+    return _sizes_from("SHARDSPEC_LOCAL_WORLDS", LOCAL_WORLDS)
 
 
 def world_sizes() -> list[int]:

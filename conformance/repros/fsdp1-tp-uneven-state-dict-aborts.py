@@ -42,7 +42,10 @@ the process group aborts.""",
     "gloo 'Received data size doesn't match expected size', the other ranks see resets",
     "spec_says": "every rank's entry holds chunk p of its TP piece, and the entries gather "
     "back to the full weight (Linear(10, 7).weight: rows 4 + 3 over TP, then 2 + 2 / 2 + 1)",
-    "tests": ["test_fsdp_models.py::test_fsdp1_tp_uneven_mlp_local_state_is_the_reference_slice"],
+    "tests": [
+        "test_fsdp_models.py::test_fsdp1_tp_uneven_mlp_local_state_is_the_reference_slice",
+        "test_fsdp.py::test_chunk_dtensor_states_the_rows_it_holds",
+    ],
 }
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=20))

@@ -104,9 +104,23 @@ def test_validator_finds_the_one_box_straddling_a_large_grid(
     check_validator(impl, layout_kind[0])
 
 
+CHUNKING_80 = chunk_layout((100,), 0, range(80))  # 50 chunks of 2 rows, 30 empty ones at n
+# The same with rank 79's empty chunk moved by a row, inside rank 49's rows [98, 100): valid by
+# BOX-2, and what the strategy's perturbation draws (a 180-row chunking found it).
+EMPTY_MOVED_INSIDE = Layout(
+    (100,), [*CHUNKING_80.shards[:-1], Shard(Box((99,), (0,)), CHUNKING_80.shards[-1].rank)]
+)
+
+
 @pytest.mark.rule("LAYOUT-1", "LAYOUT-2", "LAYOUT-3")
+@pytest.mark.known_defect(
+    "torch",
+    "validate_non_overlapping_shards_metadata reports a zero-size shard lying inside another "
+    "shard as an overlap (here an empty chunk of a 80-rank chunking moved inside the last rows)",
+)
 @given(large_chunk_layouts(worlds=SCALE))
-@example(chunk_layout((100,), 0, range(80)))  # 50 chunks of 2 rows, then 30 empty ones at n
+@example(CHUNKING_80)
+@example(EMPTY_MOVED_INSIDE)
 def test_validator_agrees_with_the_oracle_on_large_chunkings(impl: Impl, layout: Layout) -> None:
     check_validator(impl, layout)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from conformance.assertions import assert_equal, assert_tensor_bitwise
 from conformance.cases import case
@@ -42,9 +42,12 @@ def fsdp_cases(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, ...], list[
     return shape, mesh, tp
 
 
-def _run(impl: Impl, pools: Any, hook: str, c: Any, data: st.DataObject) -> None:
+def _run(impl: Impl, pools: Any, hook: str, c: Any, data: st.DataObject | None) -> None:
     shape, mesh, tp = c
-    g = data.draw(tensors(shape, dtypes()), label="tensor")
+    if data is None:  # an explicit example: arange values, so a wrong offset reads at a glance
+        g = torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape)
+    else:
+        g = data.draw(tensors(shape, dtypes()), label="tensor")
     ex = f"fsdp_{hook}(shape={shape}, mesh=(*outer, dp, tp)={mesh}, tp={tp}, dtype={g.dtype})"
     with case():
         got = impl.fsdp_tp_chunks(pools(math.prod(mesh)), g, mesh, tp, hook)
@@ -90,6 +93,10 @@ def test_chunk_dtensor_states_the_rows_it_holds(
 )
 @pytest.mark.pool
 @given(fsdp_cases(), st.data())
+# The defect's smallest case first: every failing example of this test under torch costs a
+# pool restart (a rank raises and leaves the others in a collective), so shrinking a drawn
+# one ran into Hypothesis's 5-minute shrink limit; drawn examples still hunt the rest.
+@example(((5,), (2, 1), ["R"]), None)
 def test_chunk_tensor_states_the_rows_it_holds(
     impl: Impl, pools: Any, c: Any, data: st.DataObject
 ) -> None:

@@ -453,8 +453,17 @@ def main(argv: list[str] | None = None) -> int:
     entries = (
         build_entries(cases, defects, results) if impl == "torch" else build_entries(cases, [], {})
     )
+    from shardspec.testing.devices import local_worlds
+
     worlds = os.environ.get("SHARDSPEC_MAX_WORLD", "4")
-    header = environment(impl, seed, profile, f"suite 1..{worlds}; repros as each needs")
+    one_program = ", ".join(str(w) for w in local_worlds())
+    header = environment(
+        impl,
+        seed,
+        profile,
+        f"suite 1..{worlds}; one program for every rank (LocalTensorMode) {one_program}; "
+        "repros as each needs",
+    )
     (out / "report.md").write_text(render(impl, header, cases, entries, probes, seconds))
     (out / "report.html").write_text(
         render_html(f"Conformance report: {impl}", header, [e for e in entries if _shown(e)])

@@ -45,6 +45,36 @@ def test_every_repro_states_its_defect(path: Path) -> None:
     assert 1 <= int(defect["nproc"]) <= 8
 
 
+def _known_torch_defects() -> set[str]:
+    """Every conformance test marked ``known_defect("torch", ...)``, read from the source."""
+    names = set()
+    for path in (ROOT / "conformance" / "tests").glob("test_*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for dec in node.decorator_list:
+                if (
+                    isinstance(dec, ast.Call)
+                    and ast.unparse(dec.func).endswith("mark.known_defect")
+                    and dec.args
+                    and isinstance(dec.args[0], ast.Constant)
+                    and dec.args[0].value == "torch"
+                ):
+                    names.add(f"{path.name}::{node.name}")
+    return names
+
+
+@pytest.mark.rule("CONF-6", "CONF-7")
+def test_every_known_torch_defect_has_a_repro() -> None:
+    """A suite test that shows a known torch defect names the repro of that defect, so the
+    report folds its findings into that entry instead of an entry without a repro."""
+    named = {t for path in all_repros() for t in read_defect(path).get("tests", [])}
+    known = _known_torch_defects()
+    assert len(known) > 20  # the reader finds the markers
+    missing = sorted(known - named)
+    assert not missing, f"known torch defects named by no repro's DEFECT['tests']: {missing}"
+
+
 def _fake(tmp: Path, name: str, body: str, nproc: int = 1) -> Path:
     path = tmp / f"{name}.py"
     defect = {

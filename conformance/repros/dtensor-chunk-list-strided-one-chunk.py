@@ -37,7 +37,10 @@ chunk, offset 0, size 2. torch 2.13.0, CPU, gloo, `torchrun --standalone --nproc
     "nproc": 2,
     "torch_does": "rank 0 holds rows [0, 2] but its chunk list is the one block [0, 2) (rows 0, 1)",
     "spec_says": "one chunk per block in local order: rows [0, 1) and [2, 3)",
-    "tests": ["test_convert.py::test_dtensor_chunk_list_is_where_the_local_data_sits"],
+    "tests": [
+        "test_convert.py::test_dtensor_chunk_list_is_where_the_local_data_sits",
+        "test_convert.py::test_dtensor_chunk_lists_on_every_rank_of_a_large_mesh",
+    ],
 }
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))

@@ -20,7 +20,8 @@ DEFECT = {
     "chunks 2/2/1/0 (the pieces are 2/1/1/1), row 4 is lost and a padding row appears",
     "spec_says": "every rank's output equals the global tensor: rows 0, 1, 2, 3, 4",
     "tests": [
-        "test_dtensor_moves.py::test_redistribute_on_a_flattened_mesh_holds_the_oracles_pieces"
+        "test_dtensor_moves.py::test_redistribute_on_a_flattened_mesh_holds_the_oracles_pieces",
+        "test_dtensor_moves.py::test_redistribute_on_a_large_flattened_mesh_holds_the_oracles_pieces",
     ],
 }
 

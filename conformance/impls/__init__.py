@@ -232,12 +232,21 @@ class Impl:
                 "each rank's boxes from its rank number in Python; its large worlds run on "
                 "threaded ranks (nox -s conformance_scale)"
             )
+        from shardspec.testing import RankError
         from shardspec.testing.local_tensor import SingleProgramError
 
         try:
             return list(pool.run(op, {**args, "via": self.via}, **kw))
         except SingleProgramError as e:
             raise self.unsupported(f"{what} beyond LocalTensorMode's one program: {e}") from None
+        except RankError as e:
+            # Every rank refused to convert (CONVERT-5): a layout no torch type can hold, not
+            # a wrong answer. Any other failure, or a refusal on some ranks only, stands.
+            refusals = [f for f in e.failures if f.type_name.endswith("ConversionError")]
+            if refusals and len(refusals) == pool.world_size == len(e.failures):
+                reason = e.failures[0].message
+                raise self.unsupported(f"{what}: torch's types cannot hold it: {reason}") from None
+            raise
 
     def sharded_tensor(
         self, pool: Any, layout: Layout, tensor: Any, example: str | None = None

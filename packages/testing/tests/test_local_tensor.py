@@ -66,6 +66,23 @@ def test_every_rank_gets_its_own_piece_from_one_call(rows: int, cols: int, mesh:
     assert not dist.is_initialized()  # the world is gone with the call
 
 
+class _NotAnException(BaseException):
+    """What DCP's CheckpointException is: a BaseException, not an Exception."""
+
+
+@operation("test.local.base", collective=True)
+def _base(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> tuple[Any, list[Any]]:
+    raise _NotAnException("like DCP's CheckpointException")
+
+
+@pytest.mark.rule("CONF-2")
+def test_an_operation_raising_a_base_exception_fails_the_call_like_any_other() -> None:
+    # execute() is the same on pooled ranks, where an escaping BaseException killed the rank
+    with pytest.raises(RankError, match="like DCP's CheckpointException"):
+        LocalTensorPool(2, ops=OPS).run("test.local.base")
+    assert not dist.is_initialized()
+
+
 @pytest.mark.rule("CONF-12")
 def test_asking_for_the_one_rank_is_refused_not_answered_as_rank_0() -> None:
     with pytest.raises(SingleProgramError, match="get_rank"):

@@ -148,7 +148,9 @@ def execute(
     assert op is not None
     try:
         value, outs = op.fn(ctx, args, [t.to(ctx.device) for t in tensors])
-    except Exception:
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        if isinstance(e, KeyboardInterrupt | SystemExit):
+            raise
         return ("collective" if op.collective else "run"), Outcome(error=traceback.format_exc())
     return "run", Outcome(value=value, tensors=[t.detach().cpu() for t in outs])
 

@@ -123,6 +123,8 @@ SCALE_AREAS = (
     "conformance/tests/test_reshard.py",
     "conformance/tests/test_dtensor.py",
     "conformance/tests/test_validation.py",
+    # real dcp.save on one simulated world and dcp.load on another, up to 64 ranks (files)
+    "conformance/tests/test_checkpoint.py::test_a_checkpoint_saved_on_one_world_loads_on_another",
     # every rank of a mesh as one program on LocalTensorMode (against torch; shardspec's
     # frontends are reported unsupported there and run on the threaded worlds above)
     *LOCAL_TESTS,
@@ -166,7 +168,8 @@ def conformance_launched(session: nox.Session) -> None:
 @nox.session
 def conformance_scale(session: nox.Session) -> None:
     """The reshard, dtensor, fsdp (HSDP x TP, 3-D and 4-D meshes) and validation areas on
-    simulated worlds of 8 to 1024 ranks (threads on torch's threaded process group), and
+    simulated worlds of 8 to 1024 ranks (threads on torch's threaded process group), DCP round
+    trips between worlds of up to 64 of them, and
     DTensor's moves and chunk lists as one program for every rank (LocalTensorMode), against
     shardspec and against torch (fsdp: against shardspec only, see SCALE_AREAS_SHARDSPEC)."""
     rest = install_stack(session)

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from hypothesis import given, strategies as st
+import torch
+from hypothesis import example, given, strategies as st
 
 from conformance import reference
 from conformance.assertions import assert_equal, assert_tensor_bitwise, fail
@@ -164,14 +165,30 @@ def test_redistribute_on_a_flattened_mesh_holds_the_oracles_pieces(
     _check_moved(impl, pools, m, True, t)
 
 
+FLATTENED_2X4 = {
+    "shape": (2,),
+    "mesh": (2, 4),
+    "src": [["S", 0], ["S", 0]],
+    "dst": [["R"], ["R"]],
+    "order": list(range(8)),
+}
+
+
 @pytest.mark.rule("CONF-1", "DTENSOR-2", "RESHARD-8")
 @pytest.mark.known_defect("torch", FLATTENED_DEFECT, issue="PR #194457")
 @given(moves(mesh_kind="flattened", worlds=local_worlds()), st.data())
+# What drawn examples found here (shrunk): conformance_scale's 3 examples per property need not
+# find it again, and a strict xfail must not rest on the draw. The pooled test above has none.
+@example(FLATTENED_2X4, None)
 def test_redistribute_on_a_large_flattened_mesh_holds_the_oracles_pieces(
-    impl: Impl, local_pools: Any, m: dict[str, Any], data: st.DataObject
+    impl: Impl, local_pools: Any, m: dict[str, Any], data: st.DataObject | None
 ) -> None:
     """The flattened path on meshes of 8 to 1024 ranks, every rank at once (LocalTensorMode)."""
-    t = data.draw(tensors(m["shape"], dtypes()), label="tensor")
+    t = (
+        torch.arange(math.prod(m["shape"]), dtype=torch.float32).reshape(m["shape"])
+        if data is None
+        else data.draw(tensors(m["shape"], dtypes()), label="tensor")
+    )
     _check_moved(impl, local_pools, m, True, t)
 
 

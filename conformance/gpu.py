@@ -24,9 +24,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _installed(module: str) -> bool:
+    # find_spec raises, rather than answering None, when the parent package is missing too.
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ, SHARDSPEC_IMPL="shardspec")
-    if importlib.util.find_spec("shardspec.reshard") is None:
+    if not _installed("shardspec.reshard"):
         srcs = [str(p) for p in sorted((ROOT / "packages").glob("*/src"))]
         env["PYTHONPATH"] = os.pathsep.join([*srcs, str(ROOT), env.get("PYTHONPATH", "")])
     return env

@@ -57,3 +57,23 @@ def test_gpu_phases_share_one_gpu_over_gloo_only_when_there_is_one() -> None:
     assert [p["SHARDSPEC_BACKEND"] for p in one] == ["nccl", "gloo"]
     assert one[1]["SHARDSPEC_DEVICE"] == "cuda" and "SHARDSPEC_DEVICE" not in one[0]
     assert phases(4) == [{"SHARDSPEC_BACKEND": "nccl"}]
+
+
+@pytest.mark.rule("CONF-3")
+def test_gpu_runner_takes_the_packages_from_the_checkout_where_none_is_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lent GPU machine has torch but no shardspec: find_spec then raises for the parent
+    package rather than answering None, and the runner must still find the checkout's code."""
+    import importlib.util
+
+    import conformance.gpu as gpu
+
+    def missing(name: str, *args: object) -> None:
+        raise ModuleNotFoundError(f"No module named {name.split('.')[0]!r}")
+
+    monkeypatch.setattr(importlib.util, "find_spec", missing)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    path = gpu._env()["PYTHONPATH"].split(":")
+    assert str(gpu.ROOT / "packages" / "reshard" / "src") in path
+    assert str(gpu.ROOT) in path

@@ -98,13 +98,15 @@ def _all_to_all(
 
 
 # -- DTensor ------------------------------------------------------------------------------
-# gloo's scatter has no int16 ("Invalid scalar type"); placement does not depend on the dtype,
-# so int16 travels as float16 (same size) and is viewed back, bits unchanged.
-_GLOO_STANDIN = {torch.int16: torch.float16}
+# Neither gloo's scatter ("Invalid scalar type") nor NCCL ("Input tensor data type is not
+# supported for NCCL process group: Short") takes int16. Placement does not depend on the
+# dtype and no drawn placement reduces, so int16 travels as float16 (same size) and is viewed
+# back, bits unchanged.
+_WIRE_STANDIN = {"gloo": {torch.int16: torch.float16}, "nccl": {torch.int16: torch.float16}}
 
 
 def _to_wire(ctx: Context, t: torch.Tensor) -> torch.Tensor:
-    standin = _GLOO_STANDIN.get(t.dtype) if ctx.backend == "gloo" else None
+    standin = _WIRE_STANDIN.get(ctx.backend, {}).get(t.dtype)
     return t.view(standin) if standin is not None else t
 
 
@@ -143,6 +145,14 @@ def _dtensor_mesh(ctx: Context, args: dict[str, Any]) -> Any:
     """The args' mesh: ``mesh`` (shape), ``order`` (ranks in row-major order, default
     ascending), ``flatten`` (dims named and flattened, DTensor's one-collective paths)."""
     return ctx.mesh(tuple(args["mesh"]), args.get("order"), flatten=args.get("flatten", False))
+
+
+def placement(ctx: Context, rank: int) -> str:
+    """The ShardMetadata placement of ``rank`` in ``ctx``'s world: torch checks that a local
+    shard's tensor is on the device its placement names."""
+    from shardspec.testing.devices import rank_device
+
+    return f"rank:{rank}/{rank_device(rank, ctx.backend, ctx.device_type)}"
 
 
 def _via(args: dict[str, Any], default: str | None = None) -> str:

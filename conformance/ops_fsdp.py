@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from conformance.ops import Context, _from_wire, _to_wire, operation
+from conformance.ops import Context, _from_wire, _to_wire, operation, placement
 
 __all__: list[str] = []
 
@@ -203,7 +203,7 @@ def _plain_sharded_tensor(ctx: Context, g: torch.Tensor, owners: list[int]) -> A
 
     mds, mine = [], []
     for (a, b), r in zip(chunk_intervals(g.shape[0], len(owners)), owners):
-        md = ShardMetadata([a] + [0] * (g.ndim - 1), [b - a, *g.shape[1:]], f"rank:{r}/cpu")
+        md = ShardMetadata([a] + [0] * (g.ndim - 1), [b - a, *g.shape[1:]], placement(ctx, r))
         mds.append(md)
         if r == ctx.rank:
             mine.append(TorchShard(g[a:b].contiguous(), md))

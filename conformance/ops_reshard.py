@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from conformance.codec import layout_from_json
-from conformance.ops import Context, operation
+from conformance.ops import Context, operation, placement
 
 __all__: list[str] = []
 
@@ -160,7 +160,7 @@ def _reshard_torch_sharded(
     src = layout_from_json(args["src"])
     dtype = getattr(torch, args["dtype"])
     mds = [
-        ShardMetadata(list(s.box.offsets), list(s.box.sizes), f"rank:{s.rank}/cpu")
+        ShardMetadata(list(s.box.offsets), list(s.box.sizes), placement(ctx, s.rank))
         for s in src.shards
     ]
     md = ShardedTensorMetadata(mds, torch.Size(src.shape), TensorProperties(dtype=dtype))
@@ -170,14 +170,14 @@ def _reshard_torch_sharded(
     # inference from the metadata alone answers Enumerable for a single shard.
     src_spec = ChunkShardingSpec(
         dim=args["src_dim"],
-        placements=[f"rank:{r}/cpu" for r in args["src_ranks"]],  # type: ignore[misc]
+        placements=[placement(ctx, r) for r in args["src_ranks"]],  # type: ignore[misc]
     )
     st = ShardedTensor._init_from_local_shards_and_global_metadata(
         [TorchShard(t, m) for t, m in zip(inputs, mine)], md, sharding_spec=src_spec
     )
     spec = ChunkShardingSpec(
         dim=args["dst_dim"],
-        placements=[f"rank:{r}/cpu" for r in args["dst_ranks"]],  # type: ignore[misc]
+        placements=[placement(ctx, r) for r in args["dst_ranks"]],  # type: ignore[misc]
     )
     st = st.reshard(spec)
     return None, [s.tensor for s in st.local_shards()]

@@ -16,15 +16,29 @@ __all__ = ["run_world"]
 
 
 def run_world(
-    fn: Callable[..., Any] | str, world: int, *args: Any, timeout: float = 240.0
+    fn: Callable[..., Any] | str,
+    world: int,
+    *args: Any,
+    timeout: float = 240.0,
+    backend_name: str = "gloo",
+    device: str = "cpu",
 ) -> dict[int, tuple[str, Any]]:
-    """Run ``fn(rank, world, *args)`` on ``world`` fresh gloo ranks; return rank ->
-    ``("ok", value)``, ``("error", traceback)`` or ``("missing", why)``.
+    """Run ``fn(rank, world, *args)`` on ``world`` fresh ranks (gloo on CPU unless
+    ``backend_name`` / ``device`` say otherwise: the world functions build their own meshes, so
+    ``SHARDSPEC_BACKEND`` does not reach them); return rank -> ``("ok", value)``,
+    ``("error", traceback)`` or ``("missing", why)``.
 
     A rank that dies or exceeds ``timeout`` is reported as missing and every rank is killed,
     so a hung collective cannot hang the test.
     """
-    pool = RankPool(world, timeout=timeout, startup_timeout=timeout, error_grace=min(timeout, 30))
+    pool = RankPool(
+        world,
+        timeout=timeout,
+        startup_timeout=timeout,
+        error_grace=min(timeout, 30),
+        backend_name=backend_name,
+        device=device,
+    )
     try:
         answers = pool.call_all(fn, *args)
     except RankCrash as e:

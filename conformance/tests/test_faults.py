@@ -150,6 +150,12 @@ def test_ten_thousand_small_reshards_grow_neither_memory_nor_file_descriptors(im
         assert grown < 4 << 20, f"rank {rank}: resident memory grew by {grown} bytes"
 
 
+# RESHARD-11's allowance for what does not grow with the data (the plan, gloo's pairs, allocator
+# arenas): measured at 0.2 MiB over outputs + 2 buffers on a 16-core machine, -0.5 MiB on 2 cores.
+# A copy of any piece of the data or a third buffer is larger.
+FIXED_OVERHEAD = 4 << 20
+
+
 def _check_peak(total: int, budget: int) -> None:
     verdicts = run_world(2, sc.big_state_dict, 900, total_bytes=total, budget=budget)
     for rank, v in enumerate(verdicts):
@@ -158,10 +164,11 @@ def _check_peak(total: int, budget: int) -> None:
             pytest.skip(v["skip"])
         assert "growth" in v, (rank, v)
         assert v["ok"], f"rank {rank}: wrong values"
-        limit = v["out_bytes"] + 2 * budget
+        limit = v["out_bytes"] + 2 * budget + FIXED_OVERHEAD
         assert v["growth"] < limit, (
             f"rank {rank}: peak RSS grew {v['growth'] / 2**20:.1f} MiB, more than its outputs "
-            f"({v['out_bytes'] / 2**20:.1f} MiB) plus twice the buffer ({2 * budget / 2**20} MiB)"
+            f"({v['out_bytes'] / 2**20:.1f} MiB) plus twice the buffer ({2 * budget / 2**20} MiB) "
+            f"plus {FIXED_OVERHEAD >> 20} MiB"
         )
 
 

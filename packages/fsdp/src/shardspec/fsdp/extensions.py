@@ -427,8 +427,10 @@ def gather_flat_sharded_tensor(st: ShardedTensor, root: DeviceMesh | None) -> to
     k = root.mesh.shape[dim]
     # FSDP's chunks of one TP piece are consecutive along dim 0 in group order: gather the
     # sizes, then the padded chunks, and concatenate the unpadded ones.
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(k)]
-    dist.all_gather(sizes, torch.tensor([local.shape[0]], dtype=torch.int64), group=group)
+    # On the shard's device: an NCCL group takes CUDA tensors only.
+    sizes = [torch.zeros(1, dtype=torch.int64, device=local.device) for _ in range(k)]
+    mine = torch.tensor([local.shape[0]], dtype=torch.int64, device=local.device)
+    dist.all_gather(sizes, mine, group=group)
     rows = [int(x.item()) for x in sizes]
     width = max(rows)
     buf = local.new_zeros((width, *local.shape[1:]))

@@ -85,12 +85,18 @@ def gather_layout(
     nd = len(shape)
     world = dist.get_world_size(group)
     mine = [v for b in w.local_boxes for v in (*b.offsets, *b.sizes)]
-    count = torch.tensor([len(w.local_boxes)], dtype=torch.int64)
+    # An NCCL group takes CUDA tensors only; any other backend here takes CPU ones.
+    dev = (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend(group) == "nccl"
+        else torch.device("cpu")
+    )
+    count = torch.tensor([len(w.local_boxes)], dtype=torch.int64, device=dev)
     counts = [torch.zeros_like(count) for _ in range(world)]
     dist.all_gather(counts, count, group=group)
     most = max(int(c.item()) for c in counts)
-    buf = torch.full((max(most, 1) * 2 * nd,), -1, dtype=torch.int64)
-    buf[: len(mine)] = torch.tensor(mine, dtype=torch.int64)
+    buf = torch.full((max(most, 1) * 2 * nd,), -1, dtype=torch.int64, device=dev)
+    buf[: len(mine)] = torch.tensor(mine, dtype=torch.int64, device=dev)
     bufs = [torch.empty_like(buf) for _ in range(world)]
     dist.all_gather(bufs, buf, group=group)
     by_rank: dict[int, list[Box]] = {}

@@ -123,6 +123,9 @@ SCALE_AREAS = (
     "conformance/tests/test_reshard.py",
     "conformance/tests/test_dtensor.py",
     "conformance/tests/test_validation.py",
+    # HSDP x TP on 3-D and 4-D meshes; against torch each test's explicit example (a known
+    # defect, on 4 gloo ranks) fails first, so no failing world of 1024 threads is shrunk
+    "conformance/tests/test_fsdp.py",
     # real dcp.save on one simulated world and dcp.load on another, up to 64 ranks (files)
     "conformance/tests/test_checkpoint.py::test_a_checkpoint_saved_on_one_world_loads_on_another",
     # every rank of a mesh as one program on LocalTensorMode (against torch; shardspec's
@@ -134,10 +137,6 @@ SCALE_AREAS = (
 # every rank (minutes each). Its ascending and flattened moves run at these sizes as one
 # program (LOCAL_TESTS); permuted meshes do not (LocalTensorMode's collectives recurse without
 # end on a permuted rank list in torch 2.13).
-# Run against shardspec only: on the threaded process group torch's chunk_tensor raises ("no
-# backend has been registered with this ProcessGroup") and a raising upstream chunk_dtensor
-# leaves 1024 threads outside any collective, whose teardown takes many minutes.
-SCALE_AREAS_SHARDSPEC = ("conformance/tests/test_fsdp.py",)
 
 
 @nox.session
@@ -171,7 +170,7 @@ def conformance_scale(session: nox.Session) -> None:
     simulated worlds of 8 to 1024 ranks (threads on torch's threaded process group), DCP round
     trips between worlds of up to 64 of them, and
     DTensor's moves and chunk lists as one program for every rank (LocalTensorMode), against
-    shardspec and against torch (fsdp: against shardspec only, see SCALE_AREAS_SHARDSPEC)."""
+    shardspec and against torch."""
     rest = install_stack(session)
     session.env["SHARDSPEC_SIM_WORLDS"] = os.environ.get("SHARDSPEC_SIM_WORLDS", SCALE_WORLDS)
     session.env["SHARDSPEC_LOCAL_WORLDS"] = os.environ.get("SHARDSPEC_LOCAL_WORLDS", SCALE_WORLDS)
@@ -181,8 +180,7 @@ def conformance_scale(session: nox.Session) -> None:
     session.env["SHARDSPEC_EXAMPLES"] = os.environ.get("SHARDSPEC_EXAMPLES", SCALE_EXAMPLES)
     for impl in os.environ.get("SHARDSPEC_SCALE_IMPLS", "shardspec,torch").split(","):
         session.env["SHARDSPEC_IMPL"] = impl
-        areas = [*SCALE_AREAS, *(SCALE_AREAS_SHARDSPEC if impl == "shardspec" else ())]
-        run_pytest(session, *areas, "-p", "no:cacheprovider", *rest)
+        run_pytest(session, *SCALE_AREAS, "-p", "no:cacheprovider", *rest)
 
 
 @nox.session

@@ -7,7 +7,13 @@ from __future__ import annotations
 import time
 
 import pytest
-from testing_pool_cases import all_reduce_rank, hang_on, raise_on, uneven_all_to_all
+from testing_pool_cases import (
+    all_reduce_rank,
+    group_device,
+    hang_on,
+    raise_on,
+    uneven_all_to_all,
+)
 
 from shardspec.testing import RankCrash, RankError
 from shardspec.testing.simulated import SimulatedPool
@@ -35,6 +41,17 @@ def test_uneven_all_to_all_single_lands_every_element() -> None:
     for dst in range(world):
         want = [1000.0 * s + dst for s in range(world) for _ in range((s + dst) % 3)]
         assert got[dst] == want, f"rank {dst}"
+
+
+@pytest.mark.rule("CONF-10")
+def test_a_simulated_group_names_its_device_as_gloo_does() -> None:
+    """torch's chunk_tensor asks its group for a device; the threaded group registers none and
+    raised "no backend has been registered" where a gloo group answers cpu."""
+    pool = SimulatedPool(4, timeout=60)
+    try:
+        assert pool.call(group_device) == ["cpu"] * 4
+    finally:
+        pool.close()
 
 
 @pytest.mark.rule("CONF-2", "CONF-3", "CONF-10")

@@ -75,3 +75,10 @@ def hang_on(rank: int, world: int, bad: int) -> int:
     if rank == bad:
         dist.barrier()  # the others never join: stuck in the collective
     return rank
+
+
+def group_device(rank: int, world: int) -> str:
+    """The device torch's own code asks a group for (FSDP's chunk_tensor does)."""
+    import torch.distributed as dist
+
+    return str(dist.distributed_c10d._get_pg_default_device(dist.group.WORLD))

@@ -48,6 +48,13 @@ def _install() -> None:
             multi_threaded_pg._install_threaded_pg()  # type: ignore[no-untyped-call]
             # looked up by name at each call of ProcessLocalGroup.all_to_all_single
             multi_threaded_pg.AllToAllBase = _SparseAllToAllBase  # type: ignore[misc,assignment]
+            # The threaded group registers no backend per device, so torch's code that asks
+            # a group for its device (FSDP's _create_chunk_sharded_tensor through
+            # _get_pg_default_device) raised "no backend has been registered" where a gloo
+            # group answers cpu. Simulated ranks hold CPU tensors: say so, as gloo would.
+            multi_threaded_pg.ProcessLocalGroup._device_types = property(  # type: ignore[method-assign,assignment]
+                lambda self: [torch.device("cpu")]
+            )
             _installed = True
 
 

@@ -95,6 +95,17 @@ def moves(
     return {"shape": shape, "mesh": mesh, "src": src, "dst": dst, "order": list(order)}
 
 
+# A permuted mesh is a new DeviceMesh per example, and building one on threads has every rank
+# create every subgroup: seconds at 64 ranks, minutes at 1024. Simulated worlds above 64 are
+# left out (none are drawn when no simulated world is set: the pools' sizes then).
+MAX_PERMUTED_SIMULATED = 64
+
+
+def _permuted_worlds() -> list[int]:
+    sims = simulated_worlds()
+    return [w for w in sims if w <= MAX_PERMUTED_SIMULATED] or sims[:1]
+
+
 def _check_moved(impl: Impl, pools: Any, m: dict[str, Any], flatten: bool, t: Any) -> None:
     shape, mesh, order = m["shape"], m["mesh"], m["order"]
     ex = (
@@ -142,7 +153,7 @@ def test_redistribute_on_every_rank_of_a_large_mesh_holds_the_oracles_pieces(
     "and with an uneven split padding replaces data",
 )
 @pytest.mark.pool
-@given(moves(mesh_kind="permuted"), st.data())
+@given(moves(mesh_kind="permuted", worlds=_permuted_worlds()), st.data())
 def test_redistribute_on_a_mesh_in_any_rank_order_holds_the_oracles_pieces(
     impl: Impl, pools: Any, m: dict[str, Any], data: st.DataObject
 ) -> None:

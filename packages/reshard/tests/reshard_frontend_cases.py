@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shardspec.metadata import Layout
+from shardspec.metadata import ConversionError, Layout
 from shardspec.metadata.shard_metadata import to_sharded_tensor_metadata
 from shardspec.reshard.frontends import (
     reshard_dtensor,
@@ -38,6 +38,22 @@ def st_reshard(
     out = reshard_sharded_tensor(st, spec)
     assert tuple(out.size()) == tuple(full.shape)
     return [(tuple(s.metadata.shard_offsets), s.tensor.clone()) for s in out.local_shards()]
+
+
+def st_reshard_refused(
+    rank: int, world: int, full: torch.Tensor, src: Layout, dst: Layout
+) -> tuple[str | None, float]:
+    """Reshard a ShardedTensor to a layout torch's ShardedTensor cannot hold: the refusal's
+    text, and an all_reduce after it (every rank still in step: no collective half-done)."""
+    st = make_sharded_tensor(full, src)
+    try:
+        reshard_sharded_tensor(st, dst)
+        err = None
+    except ConversionError as e:
+        err = str(e)
+    ones = torch.ones(1)
+    dist.all_reduce(ones)
+    return err, float(ones)
 
 
 def st_upstream_reshard(rank: int, world: int, full: torch.Tensor, src: Layout, spec: Any) -> Any:

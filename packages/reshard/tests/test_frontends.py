@@ -14,6 +14,7 @@ from reshard_frontend_cases import (
     dt_to_layout,
     dt_upstream_redistribute_collectives,
     st_reshard,
+    st_reshard_refused,
     st_upstream_built_reshard,
     st_upstream_reshard,
 )
@@ -142,6 +143,35 @@ def test_sharded_tensor_built_by_torch_with_empty_chunks_past_the_end(pool: Rank
         "torch no longer places the empty chunk past the end"
     )
     assert_local_shards([a[1] for a in answers], full, chunk_layout((5, 3), 1, [3, 2, 1, 0]), "5x3")
+
+
+@pytest.mark.rule("RESHARD-8", "CONVERT-5")
+@pytest.mark.parametrize(
+    "dst",
+    [
+        # valid, but torch's validator calls an empty shard inside another an overlap
+        Layout((4, 3), [LShard(Box((0, 0), (4, 3)), 0), LShard(Box((2, 0), (0, 3)), 1)]),
+        # valid, but no sharding spec torch infers holds two empties at one offset and a third
+        Layout(
+            (4, 3),
+            [
+                LShard(Box((0, 0), (4, 3)), 0),
+                LShard(Box((0, 0), (0, 3)), 1),
+                LShard(Box((0, 0), (0, 3)), 1),
+                LShard(Box((2, 0), (0, 3)), 1),
+            ],
+        ),
+    ],
+    ids=["empty-inside-another", "three-empties"],
+)
+def test_sharded_tensor_to_a_layout_torch_cannot_hold_is_refused_before_data_moves(
+    pool: RankPool, dst: Layout
+) -> None:
+    full = random_tensor((4, 3), torch.float32, 7)
+    answers = pool.call(st_reshard_refused, full, chunk_layout((4, 3), 0, range(WORLD)), dst)
+    for rank, (err, total) in enumerate(answers):
+        assert err is not None and "cannot hold the target layout" in err, (rank, err)
+        assert total == WORLD, f"rank {rank}: the ranks fell out of step ({total})"
 
 
 # ---------------------------------------------------------------- DTensor

@@ -124,6 +124,26 @@ def sharded_tensor_layout(st: ShardedTensor) -> tuple[Layout, list[torch.Tensor]
     return layout, tensors
 
 
+def _check_torch_holds(dst: Layout, dtype: torch.dtype) -> None:
+    """Raise ConversionError, on every rank alike and before any data moves, when torch's
+    ShardedTensor refuses ``dst``'s global metadata (no sharding spec of torch's describes it,
+    or torch's own checks reject it): the same checks, run on the metadata alone."""
+    from torch.distributed._shard.sharded_tensor.api import ShardedTensorBase
+
+    from shardspec.metadata.shard_metadata import to_sharded_tensor_metadata
+
+    md = to_sharded_tensor_metadata(dst, dtype)
+    try:
+        ShardedTensorBase._init_from_local_shards_and_global_metadata([], md)
+    except (ValueError, RuntimeError) as e:
+        raise ConversionError(
+            f"torch's ShardedTensor cannot hold the target layout of shape {dst.shape} with "
+            f"{len(dst.shards)} shards ({e}); nothing was "
+            "moved. shardspec.reshard.reshard moves the same data to this layout as plain "
+            "tensors"
+        ) from None
+
+
 def reshard_sharded_tensor(
     st: ShardedTensor,
     spec: Any,
@@ -147,6 +167,7 @@ def reshard_sharded_tensor(
     shape = src.shape
     dst = spec if isinstance(spec, Layout) else from_sharding_spec(spec, shape)
     props = st.metadata().tensor_properties
+    _check_torch_holds(dst, props.dtype)
     out = reshard(
         local,
         _to_group_ranks(src, group),

@@ -133,7 +133,7 @@ SCALE_AREAS = (
     *LOCAL_TESTS,
     # permuted meshes on threads, of the simulated worlds up to 64 ranks: each example builds
     # a new DeviceMesh, whose every rank creates every subgroup (2 s at 64 ranks, 2 minutes
-    # at 512). LocalTensorMode refuses a permuted group (its own TODO in torch 2.13).
+    # at 512). LocalTensorMode cannot run a permuted mesh in torch 2.13.
     "conformance/tests/test_dtensor_moves.py::"
     "test_redistribute_on_a_mesh_in_any_rank_order_holds_the_oracles_pieces",
 )

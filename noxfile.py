@@ -194,6 +194,37 @@ def conformance_upstream(session: nox.Session) -> None:
     session.run("python", "-m", "conformance.report", "--out", "conformance-report", *rest)
 
 
+MATRIX_RELEASES = "2.13.0,2.14.1,2.15.0"
+
+
+@nox.session(venv_backend="none")
+def report_matrix(session: nox.Session) -> None:
+    """The upstream report on several torch releases, merged into one verdict per defect and
+    release: `nox -s report_matrix -- --torch=2.13.0,2.14.1,2.15.0 [--out DIR]`."""
+    releases, out, rest = MATRIX_RELEASES, "report-matrix", []
+    args = list(session.posargs)
+    while args:
+        arg = args.pop(0)
+        if arg.startswith("--torch="):
+            releases = arg.split("=", 1)[1]
+        elif arg == "--out" and args:
+            out = args.pop(0)
+        elif arg.startswith("--out="):
+            out = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    folders = []
+    for release in [r.strip() for r in releases.split(",") if r.strip()]:
+        folder = f"{out}/torch-{release}"
+        # one nox run per release: each installs (or reuses) that release's own venv
+        session.run(
+            "python3", "-m", "nox", "-s", "conformance_upstream", "--",
+            f"--torch={release}", "--out", folder, *rest, external=True,
+        )  # fmt: skip
+        folders.append(folder)
+    session.run("python3", "-m", "conformance.report_matrix", "--out", out, *folders)
+
+
 def cuda_device_count() -> int:
     """GPUs visible to this machine, asked of the driver: no torch needed, nothing installed."""
     smi = shutil.which("nvidia-smi")

@@ -39,6 +39,7 @@ from conformance import repro_run
 from conformance.perf_probes import Probe, run_all as run_all_probes
 from conformance.report_draw import render_html
 from conformance.report_entries import Entry, build_entries
+from conformance.report_matrix import defect_verdict
 from conformance.repro_run import ReproResult, all_repros, read_defect, run_repro
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -468,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "report.html").write_text(
         render_html(f"Conformance report: {impl}", header, [e for e in entries if _shown(e)])
     )
+    case_json = {c.test: asdict(c) for c in cases}
     (out / "report.json").write_text(
         json.dumps(
             {
@@ -477,8 +479,20 @@ def main(argv: list[str] | None = None) -> int:
                 "seconds": round(seconds, 1),
                 "divergences": [e.as_json() for e in entries if _shown(e)],
                 "fixed": [e.id for e in entries if not _shown(e)],
+                # every defect's verdict on this release, for `conformance.report_matrix`
+                "verdicts": {e.id: defect_verdict(e.as_json(), case_json) for e in entries},
+                "defects": [
+                    {
+                        "id": e.id,
+                        "title": e.title,
+                        "area": e.area,
+                        "rule": e.rule,
+                        "upstream": e.upstream,
+                    }
+                    for e in entries
+                ],
                 "performance": [p.as_json() for p in probes],
-                "cases": [asdict(c) for c in cases],
+                "cases": list(case_json.values()),
             },
             indent=2,
         )

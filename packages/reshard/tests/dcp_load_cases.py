@@ -87,7 +87,7 @@ def load(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner
 
-    from shardspec.reshard.dcp import LoadPlanner, chunk_error
+    from shardspec.reshard.dcp import LoadPlanner
 
     sd: dict[str, Any] = {}
     fulls: dict[str, torch.Tensor] = {}

@@ -455,3 +455,21 @@ def test_diff_values_names_an_unreadable_chunk(
     _flip_one_data_byte(b, "w", 2)
     rc, _, err = run(["diff", str(a), str(b), "--values"], capsys)
     assert rc == 2 and "'w' chunk #2" in err and "CRC-32" in err
+
+
+@pytest.mark.rule("CKPT-10")
+def test_diff_values_compares_non_tensor_values_as_stored_bytes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    x = values((4,), torch.float32, 1)
+    lay = chunk_layout((4,), 0, [0, 1])
+    a = write_data_checkpoint(tmp_path / "a", {"w": (lay, x)}, objects={"step": 3, "lr": 0.1})
+    b = write_data_checkpoint(tmp_path / "b", {"w": (lay, x)}, objects={"step": 4, "lr": 0.1})
+    rc, out, _ = run(["diff", str(a), str(b)], capsys)
+    assert rc == 0  # metadata only: the same
+    rc, out, _ = run(["diff", str(a), str(b), "--values"], capsys)
+    assert rc == 1
+    assert out.splitlines()[1:] == [
+        "step: non-tensor value stored as different bytes",
+        "1 difference",
+    ]

@@ -32,6 +32,7 @@ __all__ = [
     "StoredFile",
     "check_files",
     "read_saved_chunk",
+    "same_stored_bytes",
 ]
 
 
@@ -235,3 +236,37 @@ def _untransformed(stream: IO[bytes], descriptors: tuple[str, ...], bad: Any) ->
         return io.BytesIO(stream.read())
     except Exception as e:
         raise bad(f"cannot decode its transforms {list(descriptors)} ({e})") from None
+
+
+def same_stored_bytes(
+    root_a: str | os.PathLike[str],
+    a: dict[str, Any],
+    root_b: str | os.PathLike[str],
+    b: dict[str, Any],
+    block: int = 1 << 20,
+) -> bool:
+    """Whether two non-tensor values (``object_reports`` entries) are stored as the same bytes,
+    compared a block at a time; nothing is unpickled. An unreadable side raises ``OSError``
+    naming its file."""
+    sides = []
+    for root, o in ((root_a, a), (root_b, b)):
+        if o.get("file") is None or o.get("file_offset") is None or o.get("stored_bytes") is None:
+            raise FileNotFoundError(f"value {o['fqn']!r}: the metadata names no file holding it")
+        sides.append((Path(root) / o["file"], int(o["file_offset"]), int(o["stored_bytes"])))
+    (pa, oa, na), (pb, ob, nb) = sides
+    if na != nb:
+        return False
+    with open(pa, "rb") as fa, open(pb, "rb") as fb:
+        fa.seek(oa)
+        fb.seek(ob)
+        left = na
+        while left > 0:
+            n = min(block, left)
+            xa, xb = fa.read(n), fb.read(n)
+            if len(xa) != n or len(xb) != n:
+                short = pa if len(xa) != n else pb
+                raise OSError(f"{short}: truncated, value {a['fqn']!r} runs past its end")
+            if xa != xb:
+                return False
+            left -= n
+    return True

@@ -326,3 +326,26 @@ def test_not_a_checkpoint_is_a_clear_error(
     (tmp_path / ".metadata").write_bytes(b"not a pickle")
     rc, _, msg = run(["inspect", str(tmp_path)], capsys)
     assert rc == 2 and "not a readable DCP metadata file" in msg
+
+
+@pytest.mark.rule("CKPT-6")
+def test_inspect_leaves_pictures_out_beyond_20_tensors_unless_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from shardspec.metadata.cli_inspect import LAYOUT_UP_TO
+
+    assert LAYOUT_UP_TO == 20  # the number the help, README and CKPT-6 give
+    few = write_checkpoint(tmp_path / "few", {f"t{i}": (ROWS, torch.float32) for i in range(20)})
+    many = write_checkpoint(tmp_path / "many", {f"t{i}": (ROWS, torch.float32) for i in range(21)})
+    rc, out, _ = run(["inspect", str(few)], capsys)
+    assert rc == 0 and "chunk #0  [0:3, 0:6]" in out and "| r1 |" in out
+    rc, out, _ = run(["inspect", str(many)], capsys)
+    assert rc == 0 and "chunk #0" not in out and "| r1 |" not in out
+    assert len([ln for ln in out.splitlines() if ln]) == 1 + 21  # summary, a line per tensor
+    rc, out, _ = run(["inspect", str(many), "--layout"], capsys)
+    assert rc == 0 and out.count("chunk #0  [0:3, 0:6]") == 21
+    rc, out, _ = run(["inspect", str(few), "--no-layout"], capsys)
+    assert rc == 0 and "chunk #0" not in out
+    # Keys sorted as strings: t0, t1, t10, ..., t19, t2, t20, t3, ...
+    keys = [ln.split()[0] for ln in out.splitlines() if "  shape " in ln]
+    assert keys == sorted(f"t{i}" for i in range(20))

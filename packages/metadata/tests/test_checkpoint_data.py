@@ -41,6 +41,10 @@ DTYPES = [
     torch.int8,
     torch.int64,
     torch.uint8,
+    torch.uint16,
+    torch.int16,
+    torch.complex32,
+    torch.float8_e4m3fn,
 ]
 
 
@@ -313,8 +317,8 @@ def _changed(x: Any, index: tuple[int, ...]) -> tuple[Any, Any]:
     old = x[index].item()
     if x.dtype == torch.bool:
         new: Any = not old
-    elif x.dtype.is_complex:
-        new = old + complex(3, 4)
+    elif x.dtype.is_floating_point or x.dtype.is_complex:
+        new = -old if old != 0 else 1  # exact in every float format, even float8
     else:
         new = old + 3 if old < 50 else old - 3
     y[index] = new

@@ -13,8 +13,9 @@ by chunk, exact or within ``--atol/--rtol``. ``shardspec layout FILE`` validates
 layout JSON file. Exit status: 0 fine, 1 invalid or different, 2 could not read (or was
 refused, or torch is missing where a checkpoint needs it).
 
-Each subcommand lives in its own module (``cli_<name>``) with ``add_parser(subparsers)`` and
-``run(args, out) -> int``; this module only parses and dispatches.
+Each subcommand lives in its own module (``cli_<name>``, listed in :data:`COMMANDS`) with
+``add_parser(subparsers)`` and ``run(args, out) -> int``; this module only parses and
+dispatches.
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ from .saved_chunks import ChunkDataError
 
 __all__ = ["main"]
 
-# subcommand -> module (in this package) with add_parser() and run(); in the order of --help.
+# subcommand -> module with add_parser() and run(), in the order of --help. Each is imported
+# to build the parser, so a module's top level stays torch-free and cheap.
 COMMANDS: dict[str, str] = {
-    "inspect": "cli_inspect",
-    "verify": "cli_verify",
-    "diff": "cli_diff",
-    "layout": "cli_layout",
+    "inspect": "shardspec.metadata.cli_inspect",
+    "verify": "shardspec.metadata.cli_verify",
+    "diff": "shardspec.metadata.cli_diff",
+    "layout": "shardspec.metadata.cli_layout",
 }
 
 
@@ -45,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
     for module in COMMANDS.values():
-        importlib.import_module(f"{__package__}.{module}").add_parser(sub)
+        importlib.import_module(module).add_parser(sub)
     return p
 
 

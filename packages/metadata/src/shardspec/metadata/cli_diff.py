@@ -112,7 +112,7 @@ def _value_diffs(a: Checkpoint, b: Checkpoint, args: argparse.Namespace) -> list
         and in_b[ta.fqn].ok
         and (ta.shape, ta.dtype) == (in_b[ta.fqn].shape, in_b[ta.fqn].dtype)
     ]
-    total = sum(c.stored_bytes or 0 for ta, _ in pairs for c in ta.chunks)
+    total = sum(ta.nbytes for ta, _ in pairs)
     progress = bar(args.progress, total, "diff --values", unit="B", many=True)
     out = []
     for ta, tb in pairs:

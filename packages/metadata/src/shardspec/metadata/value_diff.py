@@ -1,10 +1,12 @@
 """Comparing the values of two DCP checkpoints, chunk by chunk (CKPT-10).
 
-The two checkpoints may cut a tensor into different chunks: each chunk of A is compared with
-the part of every chunk of B it overlaps, so every element is compared once whatever the two
-layouts. Memory holds one chunk of each side at a time (the B chunk last read is kept, since
-consecutive A chunks often meet it again), and the comparison itself runs over slabs of at
-most :data:`BLOCK` elements. torch is imported on first use.
+The two checkpoints may cut a tensor into different chunks: each chunk of the side with fewer
+chunks is compared with the part of every chunk of the other side it overlaps, so every
+element is compared once whatever the two layouts. Memory holds one chunk of each side at a
+time (the inner chunk last read is kept, since consecutive outer chunks often meet it again),
+and the comparison itself runs over slabs of at most :data:`BLOCK` elements. An inner chunk
+is read again for each outer chunk it meets (rows against columns: every pair), the price of
+bounded memory. torch is imported on first use.
 
 Two values are the same when equal, when both are NaN, or with a tolerance when
 ``|a - b| <= atol + rtol * |b|`` (``torch.isclose``). Integers and bools compare exactly
@@ -70,35 +72,40 @@ def diff_tensor_values(
 ) -> ValueDifference | None:
     """The difference between tensor ``a`` under ``root_a`` and ``b`` under ``root_b`` (same
     shape and dtype, valid chunks), or None when every element is the same. ``on_chunk`` is
-    called with the stored bytes of each A chunk once it is compared (a progress bar).
+    called with the bytes of the tensor (elements x item size) each outer chunk covered once
+    it is compared, so the calls add up to ``a.nbytes`` (a progress bar).
     A chunk that cannot be read raises :class:`.saved_chunks.ChunkDataError`."""
     if a.shape != b.shape or a.dtype != b.dtype:
         raise ValueError(f"{a.fqn!r}: compare values only of tensors of one shape and dtype")
+    # The side with fewer chunks is the outer loop: each inner chunk is read once per outer
+    # chunk it meets, so the bytes read are about (outer chunks) x (inner tensor) at worst
+    # (rows against columns), and fewer outer chunks read less.
+    swap = len(b.chunks) < len(a.chunks)
+    (outer, root_o), (inner, root_i) = (
+        ((b, root_b), (a, root_a)) if swap else ((a, root_a), (b, root_b))
+    )
     acc = _Worst()
-    b_boxes = [c.box for c in b.chunks]
+    inner_boxes = [c.box for c in inner.chunks]
     cached: tuple[int, torch.Tensor] | None = None
-    for i, ca in enumerate(a.chunks):
-        box_a = ca.box
-        if box_a.is_empty:
+    for i, co in enumerate(outer.chunks):
+        box_o = co.box
+        if box_o.is_empty:
             continue
-        data_a = read_saved_chunk(root_a, a, i)
-        for j in _meeting(box_a, b_boxes):
+        data_o = read_saved_chunk(root_o, outer, i)
+        for j in _meeting(box_o, inner_boxes):
             if cached is None or cached[0] != j:
                 cached = None  # drop the old chunk before reading the next
-                cached = (j, read_saved_chunk(root_b, b, j))
-            common = box_a.intersect(b_boxes[j])
+                cached = (j, read_saved_chunk(root_i, inner, j))
+            common = box_o.intersect(inner_boxes[j])
             assert common is not None
-            _compare(
-                _part(data_a, box_a, common),
-                _part(cached[1], b_boxes[j], common),
-                common.offsets,
-                atol,
-                rtol,
-                acc,
-            )
-        del data_a
+            # No view of a chunk may outlive this call: it would keep the chunk in memory
+            # while the next one is read.
+            parts = (_part(data_o, box_o, common), _part(cached[1], inner_boxes[j], common))
+            _compare(*(parts[::-1] if swap else parts), common.offsets, atol, rtol, acc)
+            del parts
+        del data_o
         if on_chunk is not None:
-            on_chunk(ca.stored_bytes or 0)
+            on_chunk(box_o.numel * a.itemsize)
     if acc.count == 0:
         return None
     return ValueDifference(

@@ -33,7 +33,8 @@ def write_checkpoint(
     path: Path, layouts: dict[str, tuple[Layout, Any]], objects: tuple[str, ...] = ()
 ) -> Path:
     """A checkpoint directory whose .metadata describes ``layouts`` (key -> (layout, dtype)),
-    chunk i of each tensor in file ``__{i}_0.distcp`` (no data files: inspect reads none)."""
+    chunk i of each tensor in file ``__{i}_0.distcp`` at byte 64. The data files are zeros
+    of the length the metadata needs (inspect reads no data, only their sizes)."""
     path.mkdir(parents=True, exist_ok=True)
     sdm: dict[str, Any] = {}
     storage: dict[Any, Any] = {}
@@ -47,6 +48,11 @@ def write_checkpoint(
         sdm[o] = BytesStorageMetadata()
         storage[MetadataIndex(o)] = _StorageInfo("__0_0.distcp", 0, 10)
     (path / ".metadata").write_bytes(pickle.dumps(Metadata(sdm, storage_data=storage)))
+    ends: dict[str, int] = {}
+    for info in storage.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in ends.items():
+        (path / name).write_bytes(bytes(end))
     return path
 
 
@@ -74,6 +80,16 @@ def test_inspect_lists_each_tensor_with_its_chunks_files_and_verdict(
     )
     rc, out, _ = run(["inspect", str(ck)], capsys)
     assert rc == 0
+    # Summary first: 148 B = 60 bf16 + 5 f32 + 1 i64; chunks 4 + 2 + 1; file __i ends at the
+    # end of its longest chunk, all written at byte 64: three rows of w (64 + 36 B) in
+    # __0..__2, one row (64 + 12 B) in __3: 3 * 100 + 76 = 376 B.
+    assert out.splitlines()[0] == (
+        f"{ck}: 3 tensors (148 B), 7 chunks, 1 other value, 4 files (376 B); "
+        "valid (metadata and file sizes)"
+    )
+    # Keys sorted.
+    lines = out.splitlines()
+    assert [ln.split()[0] for ln in lines if "  shape " in ln] == ["b", "s", "w"]
     assert "w  shape (10, 6)  bfloat16  120 B  4 chunks  OK" in out
     assert "b  shape (5,)  float32  20 B  2 chunks  OK" in out
     assert "s  shape ()  int64  8 B  1 chunk  OK" in out
@@ -81,7 +97,6 @@ def test_inspect_lists_each_tensor_with_its_chunks_files_and_verdict(
     assert "chunk #3  [9:10, 0:6]  __3_0.distcp @ 64 (12 B)" in out
     assert "| r2 |" in out  # the text picture
     assert "step  object  in __0_0.distcp" in out
-    assert out.rstrip().endswith("3 tensors (148 B), 1 other values; all valid")
 
 
 @pytest.mark.rule("CKPT-6")
@@ -141,7 +156,7 @@ def test_inspect_names_gaps_and_overlaps_and_exits_1(
     assert line.endswith(f"INVALID ({kind})")
     for w in words:
         assert w in out, (w, out)
-    assert "1 INVALID" in out
+    assert "INVALID: 1 invalid tensor" in out.splitlines()[0]
     rc, out, _ = run(["inspect", str(ck), "--json"], capsys)
     doc = json.loads(out)
     assert rc == 1 and doc["ok"] is False
@@ -221,7 +236,7 @@ def test_diff_names_shape_dtype_and_layout_changes(
         ("new", "only in B"),
     }
     rc, out, _ = run(["diff", str(a), str(a)], capsys)
-    assert rc == 0 and out.strip() == "0 differences"
+    assert rc == 0 and out.splitlines()[-1] == "0 differences"
 
 
 @pytest.mark.rule("CKPT-6")
@@ -235,9 +250,7 @@ def test_progress_bar_on_many_tensors(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 @pytest.mark.rule("CKPT-6")
-def test_inspect_reads_only_the_metadata(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_inspect_reads_no_tensor_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import torch.distributed.checkpoint as dcp
 
     ck = tmp_path / "ck"
@@ -245,7 +258,7 @@ def test_inspect_reads_only_the_metadata(
     data = [p for p in ck.iterdir() if p.suffix == ".distcp"]
     assert data
     for p in data:
-        p.unlink()  # inspect must not need them
+        p.write_bytes(bytes(p.stat().st_size))  # zeros of the same length: only sizes count
     rc, out, _ = run(["inspect", str(ck)], capsys)
     assert rc == 0 and f"chunk #0  [0:3, 0:4]  {data[0].name} @ " in out
 
@@ -313,3 +326,26 @@ def test_not_a_checkpoint_is_a_clear_error(
     (tmp_path / ".metadata").write_bytes(b"not a pickle")
     rc, _, msg = run(["inspect", str(tmp_path)], capsys)
     assert rc == 2 and "not a readable DCP metadata file" in msg
+
+
+@pytest.mark.rule("CKPT-6")
+def test_inspect_leaves_pictures_out_beyond_20_tensors_unless_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from shardspec.metadata.cli_inspect import LAYOUT_UP_TO
+
+    assert LAYOUT_UP_TO == 20  # the number the help, README and CKPT-6 give
+    few = write_checkpoint(tmp_path / "few", {f"t{i}": (ROWS, torch.float32) for i in range(20)})
+    many = write_checkpoint(tmp_path / "many", {f"t{i}": (ROWS, torch.float32) for i in range(21)})
+    rc, out, _ = run(["inspect", str(few)], capsys)
+    assert rc == 0 and "chunk #0  [0:3, 0:6]" in out and "| r1 |" in out
+    rc, out, _ = run(["inspect", str(many)], capsys)
+    assert rc == 0 and "chunk #0" not in out and "| r1 |" not in out
+    assert len([ln for ln in out.splitlines() if ln]) == 1 + 21  # summary, a line per tensor
+    rc, out, _ = run(["inspect", str(many), "--layout"], capsys)
+    assert rc == 0 and out.count("chunk #0  [0:3, 0:6]") == 21
+    rc, out, _ = run(["inspect", str(few), "--no-layout"], capsys)
+    assert rc == 0 and "chunk #0" not in out
+    # Keys sorted as strings: t0, t1, t10, ..., t19, t2, t20, t3, ...
+    keys = [ln.split()[0] for ln in out.splitlines() if "  shape " in ln]
+    assert keys == sorted(f"t{i}" for i in range(20))

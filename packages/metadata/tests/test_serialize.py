@@ -97,6 +97,26 @@ def mutate(path: tuple[Any, ...], value: Any = "<delete>") -> dict[str, Any]:
 
 @pytest.mark.rule("CONVERT-9")
 @pytest.mark.parametrize(
+    ("path", "wrong", "right"),
+    [(("shards", 1), "ofsets", "offsets"), ((), "shpae", "shape"), (("shards", 0), "Rank", "rank")],
+)
+def test_a_misspelt_key_is_named_as_written(path: tuple[Any, ...], wrong: str, right: str) -> None:
+    d = copy.deepcopy(GOOD)
+    target: Any = d
+    for p in path:
+        target = target[p]
+    target[wrong] = target.pop(right)
+    where = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
+    with pytest.raises(LayoutError) as err:
+        layout_from_dict(d)
+    msg = str(err.value)
+    assert f"{where} is missing key {right!r} and has unknown key {wrong!r}" in msg, msg
+    with pytest.raises(LayoutError, match=f"unknown key {wrong!r}"):
+        layout_from_json(json.dumps(d))
+
+
+@pytest.mark.rule("CONVERT-9")
+@pytest.mark.parametrize(
     ("data", "match"),
     [
         (mutate(("version",), 2), r"\$\.version must be 1 .* got 2"),

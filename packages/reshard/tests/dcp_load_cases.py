@@ -117,7 +117,7 @@ def load_expecting_error(rank: int, world: int, path: str, entries: list[Any]) -
     """Load with our planner from a damaged checkpoint; return the error every rank sees."""
     import torch.distributed.checkpoint as dcp
 
-    from shardspec.reshard.dcp import LoadPlanner
+    from shardspec.reshard.dcp import LoadPlanner, chunk_error
 
     sd: dict[str, Any] = {}
     for (name, shape, dt), how in entries:
@@ -129,5 +129,7 @@ def load_expecting_error(rank: int, world: int, path: str, entries: list[Any]) -
         untouched = all(
             all(same_bits(a, b) for a, b in zip(before[n], _locals(v))) for n, v in sd.items()
         )
-        return f"{type(e).__name__}: {e} | untouched={untouched}"
+        found = chunk_error(e)
+        ours = f"{found.kind} {found.fqn!r}" if found is not None else None
+        return f"{type(e).__name__}: {e} | untouched={untouched} | chunk_error={ours}"
     return "no error"

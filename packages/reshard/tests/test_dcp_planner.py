@@ -257,3 +257,46 @@ def test_save_planner_checks_the_global_plan_with_the_chunk_rule() -> None:
     ours.create_global_plan(save_plans([top]))
     with pytest.raises(ChunkError, match="overlap"):
         ours.create_global_plan(save_plans([top, Box((1, 0), (2, 4))]))
+
+
+@pytest.mark.rule("CKPT-1")
+def test_what_reaches_the_caller_of_a_load_with_a_gap(tmp_path: Any) -> None:
+    """``dcp.load`` raises DCP's CheckpointException, a BaseException that neither
+    ``except ChunkError`` nor ``except Exception`` catches; ``chunk_error`` finds ours in it."""
+    import pickle
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from shardspec.reshard.dcp import LoadPlanner, chunk_error
+
+    ck = tmp_path / "ck"
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
+        dcp.save({"w": torch.arange(24.0).reshape(6, 4)}, checkpoint_id=str(ck), no_dist=True)
+    md = pickle.loads((ck / ".metadata").read_bytes())  # ours, trusted
+    (c,) = md.state_dict_metadata["w"].chunks
+    md.state_dict_metadata["w"].chunks[0] = type(c)(c.offsets, torch.Size([4, 4]))  # rows 4:6 lost
+    (ck / ".metadata").write_bytes(pickle.dumps(md))
+    sd = {"w": torch.zeros(6, 4)}
+    caught: BaseException | None = None
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
+            dcp.load(sd, checkpoint_id=str(ck), planner=LoadPlanner(), no_dist=True)
+    except Exception:  # what a user writes first: it must not be what catches this
+        pytest.fail("dcp.load's error is an Exception now: update the README and CKPT-1")
+    except BaseException as e:
+        caught = e
+    assert isinstance(caught, CheckpointException) and not isinstance(caught, ChunkError)
+    found = chunk_error(caught)
+    assert isinstance(found, ChunkError)
+    assert (found.fqn, found.kind, found.point) == ("w", "gap", (4, 0))
+    assert torch.equal(sd["w"], torch.zeros(6, 4))  # nothing was read
+    assert chunk_error(found) is found
+    assert chunk_error(RuntimeError("other")) is None
+    try:
+        raise RuntimeError("wrapped") from found
+    except RuntimeError as outer:
+        assert chunk_error(outer) is found

@@ -37,6 +37,8 @@ class ChunkReport:
     file: str | None  # the data file holding the chunk (None: the metadata names none)
     file_offset: int | None
     stored_bytes: int | None
+    # DCP's stream transforms (compression) applied to the stored bytes, in order
+    transforms: tuple[str, ...] = ()
 
     @property
     def box(self) -> Box:
@@ -136,6 +138,7 @@ def tensor_reports(
                     str(info.relative_path) if info is not None else None,
                     int(info.offset) if info is not None else None,
                     int(info.length) if info is not None else None,
+                    tuple(getattr(info, "transform_descriptors", None) or ()),
                 )
             )
         shape = tuple(int(n) for n in smd.size)
@@ -166,6 +169,7 @@ def object_reports(md: Metadata) -> list[dict[str, Any]]:
             {
                 "fqn": fqn,
                 "file": str(info.relative_path) if info is not None else None,
+                "file_offset": int(info.offset) if info is not None else None,
                 "stored_bytes": int(info.length) if info is not None else None,
             }
         )

@@ -152,9 +152,13 @@ def _check_keys(obj: Any, keys: tuple[str, ...], path: str) -> None:
     if type(obj) is not dict:
         raise LayoutError(f"layout JSON: {path} must be an object, got {_kind(obj)}")
     missing = [k for k in keys if k not in obj]
-    if missing:
-        raise LayoutError(f"layout JSON: {path} is missing key {missing[0]!r}")
     extra = sorted(str(k) for k in obj if k not in keys)
+    if missing:
+        # A misspelt key ("ofsets") is both missing and unknown: name the one the user wrote.
+        also = f" and has unknown key {shorten(extra[0])}" if extra else ""
+        raise LayoutError(
+            f"layout JSON: {path} is missing key {missing[0]!r}{also} (allowed: {', '.join(keys)})"
+        )
     if extra:
         raise LayoutError(
             f"layout JSON: {path} has unknown key {shorten(extra[0])} (allowed: {', '.join(keys)})"

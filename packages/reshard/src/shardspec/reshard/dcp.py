@@ -6,6 +6,17 @@
   bounds, overlap, coverage); a bad checkpoint raises :class:`ChunkError` naming the tensor
   and the culprit chunks. The check runs in ``create_local_plan``, which DCP runs on every
   rank and whose errors it gathers and raises on every rank, so no rank is left waiting.
+  What reaches the caller of ``dcp.load`` is therefore DCP's ``CheckpointException``, a
+  ``BaseException`` (neither ``except ChunkError`` nor ``except Exception`` catches it), with
+  our error inside its ``failures`` (rank -> (exception, traceback)); :func:`chunk_error`
+  gets it out::
+
+      try:
+          dcp.load(sd, checkpoint_id=path, planner=LoadPlanner())
+      except BaseException as e:
+          if (bad := chunk_error(e)) is None:
+              raise
+          print(bad.fqn, bad.kind, bad.chunks)  # or: raise bad from e
 * The read items come from :func:`shardspec.reshard.plan`: the saved chunks are indexed once
   per tensor, and each local chunk asks the index for the chunks it meets, so one rank's
   planning costs O((n + m) log(n + m) + k) for n saved and m local chunks and k reads
@@ -62,7 +73,33 @@ from shardspec.metadata.checkpoint import ChunkError, check_chunks, chunk_verdic
 
 from .planner import plan
 
-__all__ = ["ChunkError", "LoadPlanner", "SavePlanner", "read_items_for_chunks"]
+__all__ = ["ChunkError", "LoadPlanner", "SavePlanner", "chunk_error", "read_items_for_chunks"]
+
+
+def chunk_error(error: BaseException) -> ChunkError | None:
+    """The :class:`ChunkError` inside what ``dcp.load``/``dcp.save`` raised with our planners
+    (DCP's ``CheckpointException``, a ``BaseException``, holds each rank's error in
+    ``failures``: rank -> (exception, traceback)), or None when there is none. Looks in
+    ``failures`` (lowest rank first), then ``__cause__`` and ``__context__``; ``error`` may be
+    the ``ChunkError`` itself."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [error]
+    while todo:
+        e = todo.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ChunkError):
+            return e
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            for rank in sorted(failures, key=lambda r: r if isinstance(r, int) else -1):
+                got = failures[rank]
+                inner = got[0] if isinstance(got, tuple) and got else got
+                if isinstance(inner, BaseException):
+                    todo.append(inner)
+        todo += [x for x in (e.__cause__, e.__context__) if x is not None]
+    return None
 
 
 class LoadPlanner(DefaultLoadPlanner):  # type: ignore[misc]

@@ -171,18 +171,29 @@ def _central_directory(read_at: ReadAt, length: int) -> dict[str, tuple[int, int
     """name -> (local header offset, stored size) of every stored entry of the archive."""
     if length < _EOCD.size:
         raise DamagedItem(f"{length} bytes cannot hold a zip archive")
-    tail_n = min(length, TAIL_BYTES)
-    tail = bytes(read_at(length - tail_n, tail_n))
-    at = tail.rfind(b"PK\x05\x06")
-    if at < 0 or at + _EOCD.size > len(tail):
-        # Not torch.save's zip format (or a damaged one): torch.load decides which.
-        raise UnsupportedItem("no zip end record in the item's last bytes")
+    # torch writes no archive comment: the end record is the last 22 bytes. Read just those
+    # (then the directory), so that no byte of the storage is read for the headers.
+    tail_start = length - _EOCD.size
+    tail = bytes(read_at(tail_start, _EOCD.size))
+    at = 0
+    if tail[:4] != b"PK\x05\x06":
+        tail_start = length - min(length, TAIL_BYTES)
+        tail = bytes(read_at(tail_start, length - tail_start))
+        at = tail.rfind(b"PK\x05\x06")
+        if at < 0 or at + _EOCD.size > len(tail):
+            # Not torch.save's zip format (or a damaged one): torch.load decides which.
+            raise UnsupportedItem("no zip end record in the item's last bytes")
     _, _, _, _, count, cd_size, cd_offset, _ = _EOCD.unpack_from(tail, at)
     if count == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF:
-        loc = at - _EOCD64_LOCATOR.size
-        if loc < 0 or tail[loc : loc + 4] != b"PK\x06\x07":
+        loc = tail_start + at - _EOCD64_LOCATOR.size
+        if loc < 0:
             raise DamagedItem("a zip64 archive without its zip64 locator")
-        _, _, eocd64_at, _ = _EOCD64_LOCATOR.unpack_from(tail, loc)
+        locator = bytes(read_at(loc, _EOCD64_LOCATOR.size))
+        if locator[:4] != b"PK\x06\x07":
+            raise DamagedItem("a zip64 archive without its zip64 locator")
+        _, _, eocd64_at, _ = _EOCD64_LOCATOR.unpack(locator)
+        if eocd64_at + _EOCD64.size > length:
+            raise DamagedItem("the zip64 end record lies past the item")
         rec = bytes(read_at(eocd64_at, _EOCD64.size))
         if rec[:4] != b"PK\x06\x06":
             raise DamagedItem("a zip64 archive without its zip64 end record")
@@ -190,7 +201,6 @@ def _central_directory(read_at: ReadAt, length: int) -> dict[str, tuple[int, int
         count, cd_size, cd_offset = fields[7], fields[8], fields[9]
     if cd_offset + cd_size > length:
         raise DamagedItem(f"the zip directory ends at {cd_offset + cd_size}, past the item")
-    tail_start = length - tail_n
     if cd_offset >= tail_start:
         cd = tail[cd_offset - tail_start : cd_offset - tail_start + cd_size]
     else:

@@ -85,8 +85,13 @@ class _Chunk:
 
 
 class FileSystemReader(_DcpFileSystemReader):  # type: ignore[misc]
-    """DCP's ``FileSystemReader`` (same constructor, plus ``thread_count``) whose
-    ``read_data`` reads each saved byte at most once and only the bytes a rank needs."""
+    """DCP's ``FileSystemReader`` (same constructor) whose ``read_data`` reads each saved
+    byte at most once and only the bytes a rank needs.
+
+    Keyword-only extras: ``thread_count`` (reading threads, default ``min(4, cpu_count)``),
+    ``whole_item_bytes`` (a saved chunk up to this size is read whole in one ``pread``),
+    ``trace_reads`` (record every byte range read in ``stats.ranges``). After each load,
+    ``stats`` (:class:`ReadStats`) says what was read."""
 
     def __init__(
         self,
@@ -94,12 +99,14 @@ class FileSystemReader(_DcpFileSystemReader):  # type: ignore[misc]
         _extension_registry: Any = None,
         *,
         thread_count: int | None = None,
+        whole_item_bytes: int = WHOLE_ITEM_BYTES,
         trace_reads: bool = False,
     ) -> None:
         super().__init__(path, _extension_registry)
         if thread_count is not None and thread_count < 1:
             raise ValueError(f"thread_count must be at least 1, got {thread_count}")
         self.thread_count = thread_count or min(4, os.cpu_count() or 1)
+        self.whole_item_bytes = whole_item_bytes
         self.trace_reads = trace_reads
         self.stats = ReadStats()
         self._md: Metadata | None = None
@@ -145,7 +152,7 @@ class FileSystemReader(_DcpFileSystemReader):  # type: ignore[misc]
             cs.sort(key=lambda c: c.offset)
             for batch in _batches(cs):
                 tasks.append((full, size, batch))
-        state = _Shared(planner, self._expected, stats, self.trace_reads)
+        state = _Shared(planner, self._expected, stats, self.trace_reads, self.whole_item_bytes)
         if len(tasks) <= 1 or self.thread_count == 1:
             stats.threads = 1 if tasks else 0
             scratch = _Scratch(state)
@@ -169,7 +176,9 @@ class FileSystemReader(_DcpFileSystemReader):  # type: ignore[misc]
                 finally:
                     for f in futures:
                         f.cancel()
-        stats.chunks = len(chunks)
+        for c in sorted(state.unsupported, key=lambda c: (c.path, c.offset)):
+            fallback += c.items
+        stats.chunks = len(chunks) - len(state.unsupported)
         stats.items = len(plan.items) - len(fallback)
         stats.fallback_items = len(fallback)
         for req in fallback:
@@ -243,12 +252,15 @@ class _Shared:
         expected: Callable[[MetadataIndex], tuple[torch.dtype, tuple[int, ...]] | None],
         stats: ReadStats,
         trace: bool,
+        whole_item_bytes: int,
     ) -> None:
         self.planner = planner
+        self.whole_item_bytes = whole_item_bytes
         self.expected = expected
         self.stats = stats
         self.trace = trace
         self.lock = threading.Lock()
+        self.unsupported: list[_Chunk] = []
 
 
 class _Scratch:
@@ -276,9 +288,13 @@ def _run_task(state: _Shared, scratch: _Scratch, path: str, size: int, cs: list[
         for c in cs:
             try:
                 _read_chunk(state, scratch, fd, path, size, c)
+            except UnsupportedItem:
+                # Found before anything was copied: DCP's own path reads it instead.
+                with state.lock:
+                    state.unsupported.append(c)
             except CheckpointReadError:
                 raise
-            except (DamagedItem, EOFError, OSError, UnsupportedItem) as e:
+            except (DamagedItem, EOFError, OSError) as e:
                 raise CheckpointReadError(_where(path, c.index, str(e))) from e
     finally:
         os.close(fd)
@@ -306,7 +322,7 @@ def _read_chunk(
         return read_file_range(fd, c.offset + off, n, into)
 
     whole: torch.Tensor | None = None
-    if c.length <= WHOLE_ITEM_BYTES:
+    if c.length <= state.whole_item_bytes:
         whole = scratch.get(c.length)
         pread(0, c.length, whole.numpy())
         saved = scratch.headers.locate(memoryview(whole.numpy()))  # type: ignore[arg-type]
@@ -335,7 +351,7 @@ def _read_chunk(
         for t, (off, lengths) in zip(targets, boxes):
             lo, hi = saved.element_span(off, lengths)
             if hi > lo:
-                t.copy_(_strided(data, saved, lo, off, lengths))
+                t.copy_(_strided(data, saved, 0, off, lengths))
     else:
         _read_parts(saved, targets, boxes, scratch, pread)
     with state.lock:
@@ -370,7 +386,9 @@ def _direct_bytes(t: torch.Tensor, saved: SavedTensor) -> Any:
         or type(t) is not torch.Tensor
     ):
         return None
-    return t.reshape(-1).view(torch.uint8).numpy()
+    # A contiguous tensor's elements are one run of memory, but its size-1 dims may carry
+    # any stride (even 0): flatten by as_strided, not reshape, to get stride 1.
+    return t.as_strided((t.numel(),), (1,)).view(torch.uint8).numpy()
 
 
 def _read_parts(

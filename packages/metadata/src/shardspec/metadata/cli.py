@@ -51,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     dif.add_argument("b", help="second checkpoint")
     dif.add_argument("--json", action="store_true", help="print JSON for scripts")
     _progress_option(dif)
+    # Parsed by shardspec.reshard.offline (main() hands it the rest of the command line).
+    sub.add_parser("reshard", help="rewrite a checkpoint into a target job's chunk layout")
     return p
 
 
@@ -64,6 +66,9 @@ def _progress_option(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["reshard"]:
+        return _reshard(argv[1:])
     args = _parser().parse_args(argv)
     try:
         if args.command == "inspect":
@@ -72,6 +77,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, pickle.UnpicklingError) as e:
         print(f"shardspec {args.command}: {e}", file=sys.stderr)
         return 2
+
+
+def _reshard(argv: list[str]) -> int:
+    # The reshard package depends on this one, not the other way: imported only when asked.
+    try:
+        from shardspec.reshard.offline import main as reshard_main
+    except ImportError:
+        print("shardspec reshard: needs shardspec-reshard installed", file=sys.stderr)
+        return 2
+    return reshard_main(argv)
 
 
 def _bar(mode: str, total: int, desc: str) -> Any:

@@ -168,3 +168,29 @@ class Gzip(StreamTransformExtension):  # type: ignore[misc]
 
 def file_sizes(rank: int, world: int, path: str) -> dict[str, int]:
     return {f: os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)}
+
+
+def target_layouts(rank: int, world: int, entries: list[Any]) -> str:
+    """``layouts_of`` of the state dict ``dcp_load_cases`` builds for ``entries`` on this
+    world (what a user runs on the target job to get the ``--layouts`` file)."""
+    from dcp_load_cases import _build, full_tensor
+
+    from shardspec.reshard.offline import layouts_of
+
+    sd = {name: _build(full_tensor(name, shape, dt), how, zero=True)
+          for (name, shape, dt), how in entries}  # fmt: skip
+    return layouts_of(sd)
+
+
+def load_traced(rank: int, world: int, path: str, entries: list[Any]) -> list[str]:
+    """Load with our reader; the files this rank read bytes from."""
+    import torch.distributed.checkpoint as dcp
+    from dcp_load_cases import _build, full_tensor
+
+    from shardspec.reshard.dcp import FileSystemReader, LoadPlanner
+
+    sd = {name: _build(full_tensor(name, shape, dt), how, zero=True)
+          for (name, shape, dt), how in entries}  # fmt: skip
+    reader = FileSystemReader(path, trace_reads=True)
+    dcp.load(sd, storage_reader=reader, planner=LoadPlanner())
+    return sorted({os.path.basename(f) for f, _, _ in reader.stats.ranges})

@@ -213,3 +213,41 @@ def test_what_the_reader_cannot_read_in_place_goes_through_dcp(
         assert all(same_bits(g, w) for g, w in zip(r["got"], r["want"])), r
         # Every read item of a gzipped chunk took DCP's path; none was read in place.
         assert r["fallback_items"] == 4 and r["items"] == 0, r
+
+
+@pytest.mark.rule("CKPT-8", "CKPT-9")
+@pytest.mark.parametrize("whole", [0, 1 << 18], ids=["by-parts", "whole"])
+def test_no_dist_load_with_the_default_planner(tmp_path: Path, whole: int) -> None:
+    """One process (``no_dist=True``) and DCP's ``DefaultLoadPlanner``: plain tensors of
+    every kind, a transposed one (saved with its strides), a 0-d and an empty one, and a
+    non-tensor value, into destinations of which some are views with other strides."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    from shardspec.reshard.dcp import FileSystemReader
+
+    sd = {
+        name: random_tensor(shape, getattr(torch, dt), i)
+        for i, (name, shape, dt) in enumerate(
+            [("f", (7, 5), "float32"), ("b", (3, 4), "bool"), ("c", (6,), "complex64"),
+             ("h", (2, 3, 4), "bfloat16"), ("s", (), "float64"), ("e", (0, 3), "int16")]
+        )
+    }  # fmt: skip
+    sd["t"] = random_tensor((4, 6), torch.int32, 9).t()  # strides (1, 6)
+    sd["obj"] = {"k": [1, 2]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+        dcp.save(sd, checkpoint_id=tmp_path, no_dist=True)
+        out: dict[str, Any] = {k: torch.ones_like(v) for k, v in sd.items() if k != "obj"}
+        out["t"] = torch.ones(4, 6, dtype=torch.int32).t()  # a non-contiguous destination
+        out["obj"] = {"k": []}
+        reader = FileSystemReader(tmp_path, whole_item_bytes=whole, trace_reads=True)
+        dcp.load(out, storage_reader=reader, planner=DefaultLoadPlanner(), no_dist=True)
+    for k, v in sd.items():
+        if k != "obj":
+            assert same_bits(out[k], v), k
+    assert out["obj"] == {"k": [1, 2]}
+    # The object went through DCP's path; the empty tensor has no read item, the others one.
+    assert reader.stats.fallback_items == 1 and reader.stats.items == 6

@@ -9,8 +9,9 @@ chunk once per read item and narrows it afterwards. This one, per rank and load:
 * reads a small chunk (up to :data:`WHOLE_ITEM_BYTES`) whole in one ``pread``; of a larger one
   it reads the archive's directory and pickle, then only the storage bytes the rank needs: a
   read item whose elements are one contiguous run of the storage goes straight into its
-  destination when that is a contiguous CPU tensor of the same dtype, the others are served
-  from one buffer spanning them (CKPT-9);
+  destination when that is a contiguous CPU tensor of the same dtype, the others are copied
+  from a private memory mapping of the bytes they span (or, where that cannot serve, from one
+  buffer spanning them) (CKPT-9);
 * runs the files' reads on a small pool of threads (``thread_count``, default
   ``min(4, cpu_count)``), each holding at most one buffer no larger than one saved chunk
   (CKPT-10);
@@ -24,6 +25,7 @@ chunk once per read item and narrows it afterwards. This one, per rank and load:
 from __future__ import annotations
 
 import itertools
+import mmap
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -321,6 +323,21 @@ def _read_chunk(
                 stats.ranges.append((path, c.offset + off, c.offset + off + n))
         return read_file_range(fd, c.offset + off, n, into)
 
+    def mapped(off: int, n: int) -> tuple[Any, torch.Tensor] | None:
+        """The item's bytes [off, off + n) as a uint8 tensor over a private mapping of the
+        file (pages are read when touched), with the mapping to close; None if it cannot."""
+        start = c.offset + off
+        base = start - start % mmap.ALLOCATIONGRANULARITY
+        try:
+            mm = mmap.mmap(fd, start + n - base, offset=base, access=mmap.ACCESS_COPY)
+        except (OSError, ValueError):
+            return None
+        with state.lock:
+            stats.bytes_read += n
+            if state.trace:
+                stats.ranges.append((path, start, start + n))
+        return mm, torch.frombuffer(mm, dtype=torch.uint8)[start - base :]
+
     whole: torch.Tensor | None = None
     if c.length <= state.whole_item_bytes:
         whole = scratch.get(c.length)
@@ -353,7 +370,7 @@ def _read_chunk(
             if hi > lo:
                 t.copy_(_strided(data, saved, 0, off, lengths))
     else:
-        _read_parts(saved, targets, boxes, scratch, pread)
+        _read_parts(saved, targets, boxes, scratch, pread, mapped)
     with state.lock:
         for r, t in zip(c.items, targets):
             state.planner.commit_tensor(r, t)
@@ -397,6 +414,7 @@ def _read_parts(
     boxes: list[tuple[tuple[int, ...], tuple[int, ...]]],
     scratch: _Scratch,
     pread: Callable[..., Any],
+    mapped: Callable[[int, int], tuple[Any, torch.Tensor] | None],
 ) -> None:
     """Fill ``targets`` from a large chunk, reading only the storage bytes they need."""
     size = saved.itemsize
@@ -431,8 +449,57 @@ def _read_parts(
         return
     lo = min(spans[i][0] for i in buffered)
     hi = max(spans[i][1] for i in buffered)
+    if all(_byte_copyable(targets[i], saved) for i in buffered):
+        m = mapped(saved.data_offset + lo * size, (hi - lo) * size)
+        if m is not None:
+            # Straight from the page cache: only the pages holding needed elements are
+            # touched, and nothing is staged (CKPT-10).
+            mm, raw = m
+            try:
+                for i in buffered:
+                    off, lengths = boxes[i]
+                    _byte_view(targets[i]).copy_(_strided_bytes(raw, saved, lo, off, lengths))
+            finally:
+                del raw, m
+                mm.close()
+            return
     buf = scratch.get((hi - lo) * size)
     pread(saved.data_offset + lo * size, (hi - lo) * size, buf.numpy())
     for i in buffered:
         off, lengths = boxes[i]
         targets[i].copy_(_strided(buf, saved, lo, off, lengths))
+
+
+def _byte_copyable(t: torch.Tensor, saved: SavedTensor) -> bool:
+    return (
+        t.device.type == "cpu"
+        and t.dtype == saved.dtype
+        and not t.is_conj()
+        and not t.is_neg()
+        and type(t) is torch.Tensor
+        and (t.dim() == 0 or t.stride(-1) == 1 or t.shape[-1] == 1)
+    )
+
+
+def _byte_view(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as bytes with a trailing dim of its element size (any strides)."""
+    size = t.element_size()
+    shape = (*t.shape, size)
+    stride = tuple(s * size for s in t.stride()) + (1,)
+    flat = t.as_strided((1,), (1,)).view(torch.uint8) if t.numel() else t.view(torch.uint8)
+    return flat.as_strided(shape, stride, t.storage_offset() * size)
+
+
+def _strided_bytes(
+    raw: torch.Tensor,
+    saved: SavedTensor,
+    base: int,
+    off: tuple[int, ...],
+    lengths: tuple[int, ...],
+) -> torch.Tensor:
+    """The box ``off`` + ``lengths`` of the saved tensor as bytes (trailing dim of the element
+    size), from ``raw``: the storage's bytes from element ``base`` on, at any alignment."""
+    size = saved.itemsize
+    start = saved.storage_offset + sum(o * s for o, s in zip(off, saved.stride)) - base
+    stride = tuple(s * size for s in saved.stride) + (1,)
+    return raw.as_strided((*lengths, size), stride, raw.storage_offset() + start * size)

@@ -4,9 +4,9 @@ W ranks is read back on any other number. Registered in ``conformance.ops``'s ta
 module imports this one.
 
 ``via`` picks whose code runs: torch's own ShardedTensor construction, ``distribute_tensor``
-and DCP's default planners, or shardspec's ``to_sharded_tensor_metadata``,
-``distribute_dtensor`` and ``shardspec.reshard.dcp``'s planners. Only DCP's file format and
-storage layer are shared.
+and DCP's default planners and ``FileSystemReader``, or shardspec's
+``to_sharded_tensor_metadata``, ``distribute_dtensor`` and ``shardspec.reshard.dcp``'s
+planners and ``FileSystemReader``. Only DCP's file format and its writer are shared.
 """
 
 from __future__ import annotations
@@ -58,6 +58,20 @@ def _load_planner(via: str) -> Any:
     return DefaultLoadPlanner()
 
 
+def _load_reader(via: str, args: dict[str, Any]) -> Any:
+    """shardspec's reader (CKPT-13); ``whole_item_bytes`` 0 sends every chunk down its
+    partial-read path (CKPT-14), as the drawn round trips do half the time."""
+    if via == "shardspec":
+        from shardspec.reshard.dcp import FileSystemReader
+
+        return FileSystemReader(
+            args["path"], whole_item_bytes=args.get("whole_item_bytes", 1 << 18)
+        )
+    from torch.distributed.checkpoint import FileSystemReader as DcpReader
+
+    return DcpReader(args["path"])
+
+
 def _check_load(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
     _via(args)
     if args["kind"] == "sharded":
@@ -85,7 +99,12 @@ def _load(
         obj = sharded_tensor_of(ctx, layout_from_json(args["layout"]), dtype, ts, via)
     else:
         obj = _filled_dtensor(ctx, args, dtype, via)
-    dcp.load({KEY: obj}, checkpoint_id=args["path"], planner=_load_planner(via))
+    dcp.load(
+        {KEY: obj},
+        checkpoint_id=args["path"],
+        storage_reader=_load_reader(via, args),
+        planner=_load_planner(via),
+    )
     if args["kind"] == "sharded":
         return None, [s.tensor for s in obj.local_shards()]
     return {"coordinate": obj.device_mesh.get_coordinate()}, [obj.to_local()]

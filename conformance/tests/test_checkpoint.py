@@ -155,6 +155,8 @@ def round_trips(draw: st.DrawFn) -> dict[str, Any]:
         placements = [["S", p[1] % len(shape)] if p[0] != "R" else p for p in placements]
         load = {"kind": "dtensor", "mesh": list(mesh), "placements": placements}
     t = draw(tensors(shape, dtypes()))
+    # shardspec's reader: small chunks read whole, or every chunk by its parts (CKPT-14).
+    load["whole_item_bytes"] = draw(st.sampled_from([1 << 18, 0]))
     return {"save_world": save_world, "load_world": load_world, "saved": saved, "load": load,
             "tensor": t}  # fmt: skip
 
@@ -210,7 +212,7 @@ EMPTIES_NO_SPEC_HOLDS = {
 }
 
 
-@pytest.mark.rule("CKPT-1", "CKPT-3", "CONF-1")
+@pytest.mark.rule("CKPT-1", "CKPT-3", "CKPT-13", "CKPT-14", "CONF-1")
 @pytest.mark.known_defect(
     "torch",
     "DCP files a tensor's saved chunks by offset: an empty chunk at the offset of a non-empty "

@@ -1,33 +1,40 @@
-"""Whole ``dcp.load`` with shardspec's ``LoadPlanner`` against DCP's ``DefaultLoadPlanner``,
-and ``shardspec inspect``, measured in the same run (spec/09-checkpoint.md, CKPT-2, CKPT-6).
+"""Whole ``dcp.load``: shardspec's ``FileSystemReader`` + ``LoadPlanner`` against DCP's
+default reader + planner and against the read floor, measured in the same run
+(spec/09-checkpoint.md, CKPT-2, CKPT-13 to CKPT-17), and ``shardspec inspect``.
 
 Cases, on local gloo ranks (a ``RankPool`` per world size, started once):
 
-* ``2000 tensors``  2,000 float32 tensors of 48 x 40, saved on 4 ranks row-chunked (DTensor
-  ``Shard(0)``) and loaded column-chunked (``Shard(1)``) on 2 and on 4 ranks. Few chunks per
-  tensor: planning is a small part of the load; ours must not make it slower.
-* ``10000 chunks``  one uint8 tensor of 201 x 200 x 200 saved on 4 ranks as a 100 x 100 grid of
-  (201, 2, 2) chunks (a ShardedTensor, 2,500 chunks per rank) and loaded on 4 ranks as the grid
-  shifted by one in dim 2 (columns read as shifted columns: 10,100 chunks, 2 reads each) and
-  as the grid shifted by one in both cut dims (10,201 chunks, 4 reads each). Every chunk spans
-  dim 0, the dim DCP's sweep runs along, so DCP compares each local chunk with all 10,000
-  saved ones either way: these are the planning-bound cases. The reads cost the same with
-  either planner (DCP's ``read_data`` ``torch.load``s the whole saved chunk once per read), so
-  the second case's 4 reads per chunk cap any planner's speed-up lower.
+* ``many``  2,000 float32 tensors of 48 x 40, saved on 4 ranks row-chunked (DTensor
+  ``Shard(0)``) and loaded column-chunked (``Shard(1)``) on 2 and on 4 ranks.
+* ``cols`` / ``grid``  10,000 chunks: one uint8 tensor of 201 x 200 x 200 saved on 4 ranks as
+  a 100 x 100 grid of (201, 2, 2) chunks (a ShardedTensor, 2,500 chunks per rank) and loaded
+  on 4 ranks as the grid shifted by one in dim 2 (2 reads per local chunk) and in both cut
+  dims (4 reads per local chunk). DCP's planner compares each local chunk with all 10,000
+  saved ones and its reader ``torch.load``s a saved chunk once per read.
+* ``big``  one 1 GiB float32 tensor (65,536 x 4,096) saved on 4 ranks as 4 row chunks, loaded
+  on 2 ranks column-chunked (every rank needs half of every chunk) and on 8 ranks
+  row-chunked (every rank needs half a chunk).
+* ``pre``  checkpoints rewritten offline by ``shardspec reshard`` (timed once, in the driver)
+  into the target layouts, loaded on their target world: ``big`` on 8 ranks, ``many`` on 2.
 
-Per load: wall time of ``dcp.load`` from a barrier to a barrier, the slowest rank (median of
-``--repeat`` runs after one untimed load with each, ours and the default interleaved, which
-goes first alternating), and in a separate run the peak of the
-Python heap during the load (``tracemalloc``, the slowest rank's; tensors are the same for
-both planners and live outside it). Before anything is reported, every rank checks that both
-planners loaded the same bytes. ``inspect``: ``shardspec inspect --no-layout`` on a synthetic
-10,000-tensor checkpoint (4 chunks each), against DCP's own way to the same metadata
-(``pickle.load`` of ``.metadata`` plus its save-plan check ``_validate_global_plan``).
+Per load and variant, the slowest rank's wall time of ``dcp.load`` from a barrier to a
+barrier (median of ``--repeat`` runs after one untimed run of each; the variants' order
+rotates so none always runs first), and the rank's peak RSS above its RSS before the load
+(sampled every 2 ms; destination tensors are allocated before). The floor is no ``dcp.load``:
+the ranks read every file of the checkpoint once between them (rank r the files i with
+i mod W == r, whole, into one preallocated buffer each). Before anything is reported, every
+rank checks that both loaders loaded the same bytes. Files are in the page cache after the
+untimed run: this measures the reading code, not the disk.
 
-Other jobs may share the machine: run under the timing lock, and read the ratios (both sides
+``inspect``: ``shardspec inspect --no-layout`` on a synthetic 10,000-tensor checkpoint (4
+chunks each), against DCP's own way to the same metadata (``pickle.load`` of ``.metadata``
+plus its save-plan check ``_validate_global_plan``).
+
+Other jobs may share the machine: run under the timing lock, and read the ratios (all sides
 measured in the same run), not the absolute times::
 
     flock /tmp/shardspec-timing.lock python packages/reshard/benchmarks/bench_dcp_load.py
+    python packages/reshard/benchmarks/bench_dcp_load.py --quick   # smoke run, small sizes
 """
 
 from __future__ import annotations
@@ -36,11 +43,13 @@ import argparse
 import contextlib
 import hashlib
 import io
+import math
 import os
 import pickle
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from itertools import pairwise
 from pathlib import Path
@@ -56,6 +65,7 @@ QUICK = os.environ.get("SHARDSPEC_BENCH_QUICK") == "1"
 N_TENSORS, TENSOR_SHAPE = (200 if QUICK else 2000), (48, 40)
 GRID_CELLS = 20 if QUICK else 100  # cells of 2 in each of dims 1 and 2
 GRID_SHAPE = (2 * GRID_CELLS + 1, 2 * GRID_CELLS, 2 * GRID_CELLS)
+BIG_SHAPE = (1024 if QUICK else 65_536, 4096)  # float32: 16 MiB quick, 1 GiB
 
 
 # ---------------------------------------------------------------- rank side
@@ -117,9 +127,30 @@ def _grid(world: int, shift: tuple[int, int], zero: bool) -> dict[str, Any]:
     return {"grid": st}
 
 
+def _big(world: int, dim: int, zero: bool) -> dict[str, Any]:
+    """The 1 GiB tensor as a DTensor ``Shard(dim)``; each rank makes only its own rows."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard as DShard
+
+    from shardspec.metadata.dtensor import dtensor_local_box
+
+    mesh = init_device_mesh("cpu", (world,))
+    box = dtensor_local_box(BIG_SHAPE, mesh, [DShard(dim)], mesh.get_coordinate())
+    if zero:
+        local = torch.zeros(box.sizes)
+    else:
+        first = box.offsets[0] * BIG_SHAPE[1]
+        local = torch.arange(first, first + math.prod(box.sizes), dtype=torch.float32)
+        local = local.reshape(box.sizes)
+    return {"big": DTensor.from_local(local, mesh, [DShard(dim)], run_check=False)}
+
+
 def _state(case: str, world: int, zero: bool) -> dict[str, Any]:
-    if case == "many":
+    if case in ("many", "pre-many"):
         return _many(world, 1 if zero else 0, zero)
+    if case in ("big", "pre-big"):
+        # Saved as rows; loaded as columns on 2 ranks, as rows on 8.
+        return _big(world, 1 if zero and world == 2 else 0, zero)
     # Loaded: the grid shifted by one in both cut dims (4 reads per local chunk), or in dim 2
     # only (columns read as shifted columns, 2 reads per local chunk).
     shift = (0, 0) if not zero else ((1, 1) if case == "grid" else (0, 1))
@@ -149,32 +180,66 @@ def _digest(sd: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
-def load(
-    rank: int, world: int, path: str, case: str, ours: bool, trace: bool
-) -> tuple[float, int, str]:
-    """(seconds, Python heap peak bytes or 0, digest of the loaded local bytes)."""
-    import tracemalloc
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
+
+class _RssPeak:
+    """The peak RSS above the RSS at start, sampled every 2 ms on a thread."""
+
+    def __enter__(self) -> _RssPeak:
+        self.base = self.peak = _rss()
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, _rss())
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, _rss())
+
+    @property
+    def above(self) -> int:
+        return self.peak - self.base
+
+
+def _read_floor(path: str, rank: int, world: int) -> None:
+    files = sorted(f for f in os.listdir(path) if f.endswith(".distcp"))
+    for f in files[rank::world]:
+        full = os.path.join(path, f)
+        buf = bytearray(os.path.getsize(full))
+        with open(full, "rb", buffering=0) as fh:
+            fh.readinto(buf)
+
+
+def load(rank: int, world: int, path: str, case: str, variant: str) -> tuple[float, int, str]:
+    """(seconds, peak RSS above the start, digest of the loaded local bytes) of one load:
+    ``variant`` ours (our reader + planner), default (DCP's) or floor (read the files)."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader as DcpReader
 
-    from shardspec.reshard.dcp import LoadPlanner
+    from shardspec.reshard.dcp import FileSystemReader, LoadPlanner
 
     sd = _state(case, world, zero=True)
-    planner = LoadPlanner() if ours else DefaultLoadPlanner()
     dist.barrier()
-    if trace:
-        tracemalloc.start()
-    t0 = time.perf_counter()
-    dcp.load(sd, checkpoint_id=path, planner=planner)
-    dist.barrier()
-    seconds = time.perf_counter() - t0
-    peak = 0
-    if trace:
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-    return seconds, peak, _digest(sd)
+    with _RssPeak() as rss:
+        t0 = time.perf_counter()
+        if variant == "floor":
+            _read_floor(path, rank, world)
+        elif variant == "ours":
+            dcp.load(sd, storage_reader=FileSystemReader(path), planner=LoadPlanner())
+        else:
+            dcp.load(sd, storage_reader=DcpReader(path), planner=DefaultLoadPlanner())
+        dist.barrier()
+        seconds = time.perf_counter() - t0
+    return seconds, rss.above, "" if variant == "floor" else _digest(sd)
 
 
 # ---------------------------------------------------------------- driver side
@@ -183,30 +248,39 @@ def load(
 _LOAD, _SAVE = f"{Path(__file__).stem}:load", f"{Path(__file__).stem}:save"
 
 
+VARIANTS = ("ours", "default", "floor")
+
+
 def measure(pool: RankPool, path: str, case: str, repeat: int) -> dict[str, Any]:
-    times: dict[bool, list[float]] = {True: [], False: []}
-    digests: dict[bool, list[str]] = {True: [], False: []}
-    if repeat > 1:  # untimed: DCP's first load in a process imports and caches more
-        for ours in (True, False):
-            pool.call(_LOAD, path, case, ours, False)
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    peaks: dict[str, int] = dict.fromkeys(VARIANTS, 0)
+    digests: dict[str, list[str]] = {}
+    for v in VARIANTS:  # untimed: imports, page cache, allocator
+        pool.call(_LOAD, path, case, v)
     for i in range(repeat):
-        # Which planner goes first alternates: the first load after another pays for warming
-        # the page cache and the allocator, and must not always be the same planner's.
-        for ours in (True, False) if i % 2 == 0 else (False, True):
-            res = pool.call(_LOAD, path, case, ours, False)
-            times[ours].append(max(r[0] for r in res))
-            digests[ours] = [r[2] for r in res]
-    if digests[True] != digests[False]:
-        raise SystemExit(f"{case} on {pool.world_size} ranks: the planners loaded different bytes")
-    peaks = {
-        ours: max(r[1] for r in pool.call(_LOAD, path, case, ours, True)) for ours in (True, False)
-    }
-    return {
-        "ours_s": statistics.median(times[True]),
-        "default_s": statistics.median(times[False]),
-        "ours_peak": peaks[True],
-        "default_peak": peaks[False],
-    }
+        k = i % len(VARIANTS)
+        for v in VARIANTS[k:] + VARIANTS[:k]:
+            res = pool.call(_LOAD, path, case, v)
+            times[v].append(max(r[0] for r in res))
+            peaks[v] = max(peaks[v], *(r[1] for r in res))
+            digests[v] = [r[2] for r in res]
+    if digests["ours"] != digests["default"]:
+        raise SystemExit(f"{case} on {pool.world_size} ranks: the loaders loaded different bytes")
+    return {v: (statistics.median(times[v]), peaks[v]) for v in VARIANTS}
+
+
+def reshard_offline(src: str, dst: str, case: str, world: int) -> float:
+    """``shardspec reshard`` of ``src`` into ``case``'s load layout on ``world`` ranks."""
+    from shardspec.reshard.offline import reshard_checkpoint
+
+    if case == "pre-big":
+        layouts = {"big": chunk_layout(BIG_SHAPE, 0, list(range(world)))}
+    else:
+        lay = chunk_layout(TENSOR_SHAPE, 1, list(range(world)))
+        layouts = {f"layer{i}.w": lay for i in range(N_TENSORS)}
+    t0 = time.perf_counter()
+    reshard_checkpoint(src, dst, layouts=layouts, max_memory=2**31)
+    return time.perf_counter() - t0
 
 
 def bench_inspect(tmp: Path, n: int) -> dict[str, float]:
@@ -261,29 +335,39 @@ def _mib(n: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeat", type=int, default=3, help="timed loads per planner (default 3)")
+    ap.add_argument("--repeat", type=int, default=3, help="timed loads per variant (default 3)")
     ap.add_argument("--quick", action="store_true", help="small cases: a smoke run, not figures")
     ap.add_argument(
         "--cases",
-        default="many,cols,grid,inspect",
-        help="comma-separated subset of many, cols, grid, inspect (default: all)",
+        default="many,cols,grid,big,pre,inspect",
+        help="comma-separated subset of many, cols, grid, big, pre, inspect (default: all)",
     )
     args = ap.parse_args()
     cases = set(args.cases.split(","))
     if args.quick and not QUICK:
         os.environ["SHARDSPEC_BENCH_QUICK"] = "1"
         os.execv(sys.executable, [sys.executable, *sys.argv])
-    rows = []
+    rows: list[tuple[str, dict[str, Any]]] = []
+    offline: list[tuple[str, float]] = []
+    worlds = {4} | ({2} if cases & {"many", "big", "pre"} else set())
+    worlds |= {8} if cases & {"big", "pre"} else set()
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
-        pools = {w: RankPool(w, timeout=1200) for w in ((2, 4) if "many" in cases else (4,))}
+        pools = {w: RankPool(w, timeout=1200) for w in sorted(worlds)}
         try:
-            if "many" in cases:
-                many = str(tmp / "many")
+            many, big = str(tmp / "many"), str(tmp / "big")
+            if cases & {"many", "pre"}:
                 pools[4].call(_SAVE, many, "many")
+            if cases & {"big", "pre"}:
+                pools[4].call(_SAVE, big, "big")
+            if "many" in cases:
                 for w in (2, 4):
-                    r = measure(pools[w], many, "many", args.repeat)
-                    rows.append((f"{N_TENSORS} tensors, 4 -> {w} ranks", r))
+                    rows.append(
+                        (
+                            f"{N_TENSORS} tensors, 4 -> {w}",
+                            measure(pools[w], many, "many", args.repeat),
+                        )
+                    )
             if cases & {"grid", "cols"}:
                 grid = str(tmp / "grid")
                 pools[4].call(_SAVE, grid, "grid")  # one checkpoint: both cases save alike
@@ -291,19 +375,49 @@ def main() -> None:
                     if case in cases:
                         r = measure(pools[4], grid, case, 1)
                         rows.append((f"{GRID_CELLS**2} chunks, {what}", r))
+            if "big" in cases:
+                gib = f"{math.prod(BIG_SHAPE) * 4 / 2**30:g} GiB"
+                rows.append(
+                    (f"{gib} on 4 rows -> 2 cols", measure(pools[2], big, "big", args.repeat))
+                )
+                rows.append(
+                    (f"{gib} on 4 rows -> 8 rows", measure(pools[8], big, "big", args.repeat))
+                )
+            if "pre" in cases:
+                for case, src, w in (("pre-big", big, 8), ("pre-many", many, 2)):
+                    dst = str(tmp / case)
+                    offline.append((f"{case} -> {w} ranks", reshard_offline(src, dst, case, w)))
+                    rows.append(
+                        (
+                            f"pre-resharded {case[4:]}, on {w}",
+                            measure(pools[w], dst, case, args.repeat),
+                        )
+                    )
         finally:
             for p in pools.values():
                 p.close()
         ins = bench_inspect(tmp, 1000 if QUICK else 10_000) if "inspect" in cases else None
-    print("dcp.load, LoadPlanner vs DefaultLoadPlanner (slowest rank; speed-up = default / ours)")
-    head = ("case", "ours", "default", "speed-up", "heap ours", "heap default")
-    print("{:<28} {:>9} {:>9} {:>9}   {:>11} {:>13}".format(*head))
+    print("dcp.load: ours (FileSystemReader + LoadPlanner), DCP's default reader + planner, and")
+    print("the read floor (every file read once); slowest rank; ratios in the same run")
+    head = (
+        "case",
+        "ours",
+        "default",
+        "floor",
+        "default/ours",
+        "ours/floor",
+        "RSS ours",
+        "RSS default",
+    )
+    print("{:<30} {:>8} {:>8} {:>8} {:>12} {:>10} {:>11} {:>12}".format(*head))
     for name, r in rows:
-        speed = r["default_s"] / r["ours_s"]
+        (o, ro), (d, rd), (f, _) = r["ours"], r["default"], r["floor"]
         print(
-            f"{name:<28} {r['ours_s']:>8.2f}s {r['default_s']:>8.2f}s {speed:>8.2f}x"
-            f"   {_mib(r['ours_peak']):>11} {_mib(r['default_peak']):>13}"
+            f"{name:<30} {o:>7.3f}s {d:>7.3f}s {f:>7.3f}s {d / o:>11.2f}x {o / f:>9.2f}x"
+            f" {_mib(ro):>11} {_mib(rd):>12}"
         )
+    for name, sec in offline:
+        print(f"shardspec reshard {name}: {sec:.2f}s (once, one process)")
     if ins is None:
         return
     ratio = ins["ours_s"] / ins["default_s"]

@@ -10,7 +10,9 @@ when a data file is missing or shorter than the byte ranges the metadata names i
 shape) and names each bad one. ``shardspec diff A B`` lists the keys, shapes, dtypes and
 layouts that differ (metadata only, and says so); ``--values`` compares the data too, chunk
 by chunk, exact or within ``--atol/--rtol``. ``shardspec layout FILE`` validates and draws a
-layout JSON file. Exit status: 0 fine, 1 invalid or different, 2 could not read (or was
+layout JSON file. ``shardspec reshard SRC DST`` rewrites a checkpoint offline into a target
+job's chunk layout (``shardspec.reshard.offline``; needs shardspec-reshard). Exit status: 0
+fine, 1 invalid or different, 2 could not read (or was
 refused, or torch is missing where a checkpoint needs it).
 
 Each subcommand lives in its own module (``cli_<name>``, listed in :data:`COMMANDS`) with
@@ -48,10 +50,15 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for module in COMMANDS.values():
         importlib.import_module(module).add_parser(sub)
+    # Parsed by shardspec.reshard.offline (main() hands it the rest of the command line).
+    sub.add_parser("reshard", help="rewrite a checkpoint into a target job's chunk layout")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["reshard"]:
+        return _reshard(argv[1:])
     args = _parser().parse_args(argv)
     try:
         rc: int = args.run(args, sys.stdout)
@@ -68,3 +75,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, pickle.UnpicklingError, ChunkDataError) as e:
         print(f"shardspec {args.command}: {e}", file=sys.stderr)
         return 2
+
+
+def _reshard(argv: list[str]) -> int:
+    # The reshard package depends on this one, not the other way: imported only when asked.
+    try:
+        from shardspec.reshard.offline import main as reshard_main
+    except ImportError:
+        print("shardspec reshard: needs shardspec-reshard installed", file=sys.stderr)
+        return 2
+    return reshard_main(argv)

@@ -1,4 +1,6 @@
-"""Drop-in DCP planners: ``dcp.load(sd, checkpoint_id=path, planner=LoadPlanner())``.
+"""Drop-in DCP planners and reader: ``dcp.load(sd, storage_reader=FileSystemReader(path),
+planner=LoadPlanner())``. :class:`FileSystemReader` (from :mod:`.dcp_reader`) reads each
+saved byte at most once and only the bytes a rank needs (CKPT-13 to CKPT-16).
 
 :class:`LoadPlanner` is DCP's ``DefaultLoadPlanner`` with two changes (spec/09-checkpoint.md):
 
@@ -71,9 +73,18 @@ from torch.distributed.tensor import DTensor
 from shardspec.metadata import Box, Layout, Shard
 from shardspec.metadata.checkpoint import ChunkError, check_chunks, chunk_verdict
 
+from .dcp_reader import CheckpointReadError, FileSystemReader
 from .planner import plan
 
-__all__ = ["ChunkError", "LoadPlanner", "SavePlanner", "chunk_error", "read_items_for_chunks"]
+__all__ = [
+    "CheckpointReadError",
+    "ChunkError",
+    "FileSystemReader",
+    "LoadPlanner",
+    "SavePlanner",
+    "chunk_error",
+    "read_items_for_chunks",
+]
 
 
 def chunk_error(error: BaseException) -> ChunkError | None:

@@ -31,7 +31,9 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     import torch
 
     t = t.resolve_conj().resolve_neg().contiguous()
-    return t.reshape(-1).view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8)
+    # A contiguous tensor's size-1 dims may carry any stride (0 after expand + clone), which
+    # reshape keeps: as_strided gives the flat stride-1 view view(uint8) needs.
+    return t.as_strided((t.numel(),), (1,)).view(torch.uint8)
 
 
 def materialize(shards: Mapping[int, Sequence[torch.Tensor]], layout: Layout) -> torch.Tensor:

@@ -16,7 +16,7 @@ from hypothesis import example, given, strategies as st
 from conformance.assertions import assert_equal, assert_tensor_bitwise
 from conformance.cases import case
 from conformance.impls import Impl
-from conformance.strategies import dtypes, fsdp_meshes, shapes, tensors
+from conformance.strategies import dtypes, fsdp_cases, tensors
 
 
 def _chunk(t: torch.Tensor, k: int, i: int, dim: int) -> torch.Tensor:
@@ -32,14 +32,6 @@ def _reference(g: torch.Tensor, tp: list[Any], mesh: tuple[int, ...], rank: int)
     p, t = divmod(rank % (dp * tp_size), tp_size)
     piece = g if tp[0] == "R" else _chunk(g, tp_size, t, tp[1])
     return _chunk(piece, dp, p, 0)
-
-
-@st.composite
-def fsdp_cases(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, ...], list[Any]]:
-    shape = draw(shapes(min_dims=1, max_dims=3, max_side=7))
-    mesh = draw(fsdp_meshes())
-    tp = draw(st.one_of(st.just(["R"]), st.integers(0, len(shape) - 1).map(lambda d: ["S", d])))
-    return shape, mesh, tp
 
 
 def _run(impl: Impl, pools: Any, hook: str, c: Any, data: st.DataObject | None) -> None:

@@ -105,6 +105,15 @@ class ShardspecImpl(Impl):
             return False
         return True
 
+    def checkpoint_load(
+        self, shape: Sequence[int], chunks: Sequence[Box], tensor: Any
+    ) -> tuple[Any, int]:
+        from shardspec.reshard.dcp import LoadPlanner as Planner
+
+        from . import load_through_planner
+
+        return load_through_planner(Planner(), shape, chunks, tensor)
+
     def checkpoint_reads(
         self, shape: Sequence[int], saved: Sequence[Box], local: Sequence[Box]
     ) -> list[tuple[int, int, Box]]:

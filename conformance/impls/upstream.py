@@ -168,6 +168,15 @@ class TorchImpl(Impl):
         md = Metadata({"t": checkpoint_storage(shape, chunks)})
         return not _validate_global_plan([], md)
 
+    def checkpoint_load(
+        self, shape: Sequence[int], chunks: Sequence[Box], tensor: Any
+    ) -> tuple[Any, int]:
+        from torch.distributed.checkpoint import DefaultLoadPlanner as Planner
+
+        from . import load_through_planner
+
+        return load_through_planner(Planner(), shape, chunks, tensor)
+
     def checkpoint_reads(
         self, shape: Sequence[int], saved: Sequence[Box], local: Sequence[Box]
     ) -> list[tuple[int, int, Box]]:

@@ -161,6 +161,18 @@ def _tp_chunk(
             local = sh.tensor
         else:
             raise TypeError(f"chunk_dtensor returned {type(out).__name__}")
+        if args.get("gather"):
+            # Back to the TP piece as FSDP1's state-dict load does: all_gather_dtensor on the
+            # root mesh, and (shardspec) the optimizer-state path that gathers the same way.
+            dist.barrier()
+            backs = [ext.all_gather_dtensor(out, mesh)]
+            if args["impl"] == "shardspec":
+                from shardspec.fsdp.optim import tp_local_optim_state
+
+                osd = tp_local_optim_state({"state": {"w": {"exp_avg": out}}}, mesh)
+                backs.append(osd["state"]["w"]["exp_avg"])
+            dist.barrier()
+            return {"boxes": boxes}, [from_wire(t.contiguous(), dtype) for t in (local, *backs)]
     else:
         st = ext.chunk_tensor(dt, p, dp, 1, _submesh(ctx, mesh, ("dp",)).get_group())
         (outer,) = st.local_shards()

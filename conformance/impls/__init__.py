@@ -87,6 +87,15 @@ class Impl:
         data it holds."""
         raise self.unsupported("FSDP + TP state-dict hooks")
 
+    def fsdp_tp_gathers(
+        self, pool: Any, tensor: Any, mesh: Sequence[int], tp: list[Any]
+    ) -> list[list[Any]]:
+        """FSDP + TP as :meth:`fsdp_tp_chunks` with ``chunk_dtensor``, then gathered back along
+        the FSDP dim: per rank, what ``all_gather_dtensor`` on the root mesh returns and what
+        the implementation's optimizer-state path (where it has one) turns the same entry
+        into. Each must be the rank's TP piece."""
+        raise self.unsupported("FSDP + TP gathers")
+
     def infer_chunk(self, layout: Layout) -> tuple[int, list[int]] | None:
         """The (dim, rank order) of the chunk spec inferred from ``layout``, or None when
         the implementation infers an enumerable spec."""

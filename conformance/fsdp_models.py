@@ -146,6 +146,7 @@ def resume_world(rank: int, world: int, cases: list[list[Any]]) -> dict[str, lis
         set_model_state_dict,
         set_optimizer_state_dict,
     )
+    from torch.distributed.tensor import DTensor
 
     from shardspec.fsdp import reshard_for
 
@@ -172,8 +173,26 @@ def resume_world(rank: int, world: int, cases: list[list[Any]]) -> dict[str, lis
         dst = _fsdp2_on(make_model(seed=5), tuple(dst_shape))
         dst_opt = torch.optim.Adam(dst.parameters(), lr=0.1)
         new_msd, new_osd = reshard_for(dst, msd, osd)
-        set_model_state_dict(dst, new_msd)
         assert new_osd is not None
+        params = dict(dst.named_parameters())
+        # What reshard_for returns is laid out as the destination's own: every entry shaped
+        # like its parameter is a DTensor on the parameter's mesh and placements, holding the
+        # parameter's local shape (a plain whole copy would still load through
+        # set_optimizer_state_dict, which shards it again, and hide the slip)
+        for k, p in params.items():
+            states = new_osd["state"].get(k, {})
+            for what, v in [("parameter", new_msd[k]), *states.items()]:
+                if not isinstance(v, torch.Tensor) or v.shape != p.shape:
+                    continue
+                if not isinstance(v, DTensor):
+                    bad.append(f"{label} {k} {what}: {type(v).__name__}, not a DTensor")
+                elif (v.device_mesh, v.placements) != (p.device_mesh, p.placements):
+                    bad.append(
+                        f"{label} {k} {what}: on {v.placements}, the parameter on {p.placements}"
+                    )
+                elif v.to_local().shape != p.to_local().shape:
+                    bad.append(f"{label} {k} {what}: local {tuple(v.to_local().shape)}")
+        set_model_state_dict(dst, new_msd)
         set_optimizer_state_dict(dst, dst_opt, new_osd)
         for k, p in dst.named_parameters():
             if not torch.allclose(_full(p), ref_params[k], atol=1e-5, rtol=0):

@@ -24,9 +24,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from conformance import OPS
 from shardspec.testing import RankPool
-
-OPS = ("conformance.ops",)
 
 
 def example(

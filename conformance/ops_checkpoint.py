@@ -1,7 +1,7 @@
 """Pool operations of the checkpoint area (spec/09-checkpoint.md): a real ``dcp.save`` on one
 pool and a real ``dcp.load`` on another, through the file system, so a checkpoint written on
-W ranks is read back on any other number. Registered in ``conformance.ops``'s table when that
-module imports this one.
+W ranks is read back on any other number. Registered in ``shardspec.testing.ops``'s table
+when a pool imports this module (listed in :data:`conformance.OPS`).
 
 ``via`` picks whose code runs: torch's own ShardedTensor construction, ``distribute_tensor``
 and DCP's default planners and ``FileSystemReader``, or shardspec's
@@ -16,15 +16,15 @@ from typing import Any
 import torch
 
 from conformance.codec import layout_from_json, placements_from_json
-from conformance.ops import Context, _dtensor_mesh, _via, mesh_check, operation
-from conformance.ops_convert import _st_check, sharded_tensor_of
+from conformance.ops_shared import dtensor_mesh, layout_check, mesh_check, sharded_tensor_of, via_of
+from shardspec.testing.ops import Context, operation
 
 __all__: list[str] = []
 
 KEY = "t"
 
 
-@operation("checkpoint.save", collective=True, check=_st_check)
+@operation("checkpoint.save", collective=True, check=layout_check)
 def _save(
     ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
 ) -> tuple[Any, list[torch.Tensor]]:
@@ -32,7 +32,7 @@ def _save(
     import torch.distributed.checkpoint as dcp
 
     layout = layout_from_json(args["layout"])
-    via = _via(args)
+    via = via_of(args)
     st = sharded_tensor_of(ctx, layout, getattr(torch, args["dtype"]), ts, via)
     dcp.save({KEY: st}, checkpoint_id=args["path"], planner=_save_planner(via))
     return None, []
@@ -73,9 +73,9 @@ def _load_reader(via: str, args: dict[str, Any]) -> Any:
 
 
 def _check_load(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
-    _via(args)
+    via_of(args)
     if args["kind"] == "sharded":
-        _st_check(ctx, args, ts)
+        layout_check(ctx, args, ts)
     elif args["kind"] == "dtensor":
         mesh_check(ctx, args)
     else:
@@ -93,7 +93,7 @@ def _load(
     layout's local order, and the DTensor's mesh coordinate."""
     import torch.distributed.checkpoint as dcp
 
-    via = _via(args)
+    via = via_of(args)
     dtype = getattr(torch, args["dtype"])
     if args["kind"] == "sharded":
         obj = sharded_tensor_of(ctx, layout_from_json(args["layout"]), dtype, ts, via)
@@ -114,7 +114,7 @@ def _filled_dtensor(ctx: Context, args: dict[str, Any], dtype: torch.dtype, via:
     """A DTensor of ``fill`` (every rank makes its own piece: no collective, no scatter)."""
     from torch.distributed.tensor import distribute_tensor
 
-    mesh = _dtensor_mesh(ctx, args)
+    mesh = dtensor_mesh(ctx, args)
     placements = placements_from_json(args["placements"])
     full = torch.full(tuple(args["shape"]), args["fill"], dtype=dtype, device=ctx.device)
     if via == "shardspec":

@@ -1,5 +1,6 @@
 """Pool operations of the converters area (spec/04-convert.md) and of FSDP's chunking helpers,
-registered in ``conformance.ops``'s table when that module imports this one.
+registered in ``shardspec.testing.ops``'s table when a pool imports this module (listed in
+:data:`conformance.OPS`).
 
 Every operation takes ``via`` (``"shardspec"`` or ``"torch"``) and runs that implementation's
 code on the rank; the driver compares what comes back with the reference. Metadata travels as
@@ -14,8 +15,16 @@ import torch
 import torch.distributed as dist
 
 from conformance.codec import layout_from_json, layout_to_json, placements_from_json
-from conformance.ops import Context, _dtensor_check, _from_wire, _to_wire, _via, operation
+from conformance.ops_shared import (
+    dtensor_check,
+    from_wire,
+    layout_check,
+    sharded_tensor_of,
+    to_wire,
+    via_of,
+)
 from shardspec.metadata import Box, Layout, Shard
+from shardspec.testing.ops import Context, operation
 
 __all__: list[str] = []
 
@@ -39,54 +48,8 @@ def _shard_boxes(st: Any) -> list[list[list[int]]]:
     ]
 
 
-def sharded_tensor_of(
-    ctx: Context, layout: Layout, dtype: torch.dtype, ts: list[torch.Tensor], via: str
-) -> Any:
-    """A ShardedTensor of ``layout`` whose local shards are ``ts`` (this rank's boxes in the
-    layout's order): its global metadata from our ``to_sharded_tensor_metadata`` (no
-    communication) ``via`` shardspec, from torch's ``init_from_local_shards`` (which gathers
-    every rank's shard metadata) ``via`` torch."""
-    from torch.distributed._shard.metadata import ShardMetadata
-    from torch.distributed._shard.sharded_tensor.api import ShardedTensor
-    from torch.distributed._shard.sharded_tensor.shard import Shard as TorchShard
-
-    from shardspec.testing.devices import rank_device
-
-    def device(rank: int) -> str:  # each owner's own device: cuda:<rank> under NCCL
-        return rank_device(rank, ctx.backend)
-
-    mine = [s for s in layout.shards if s.rank == ctx.rank]
-    mds = [
-        ShardMetadata(list(s.box.offsets), list(s.box.sizes), f"rank:{s.rank}/{device(s.rank)}")
-        for s in mine
-    ]
-    local = [TorchShard(t.contiguous(), m) for t, m in zip(ts, mds)]
-    if via == "shardspec":
-        from shardspec.metadata import to_sharded_tensor_metadata, to_sharding_spec
-
-        md = to_sharded_tensor_metadata(layout, dtype, device=device)
-        try:
-            return ShardedTensor._init_from_local_shards_and_global_metadata(local, md)
-        except ValueError:
-            # torch infers a sharding spec from the metadata and refuses a valid layout none
-            # of its specs can express: say so as CONVERT-5 does, on every rank alike
-            to_sharding_spec(layout, device=device)
-            raise
-    return ShardedTensor._init_from_local_shards(local, *layout.shape)
-
-
 # -- ShardedTensor from a layout (CONVERT-1, CONVERT-2, CONVERT-7) ------------------------
-def _st_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
-    _via(args)
-    layout = layout_from_json(args["layout"])
-    if any(s.rank >= ctx.world for s in layout.shards):
-        raise ValueError(f"layout names ranks beyond the pool's {ctx.world}")
-    boxes = layout.boxes_of(ctx.rank)
-    if len(ts) != len(boxes) or any(tuple(t.shape) != b.sizes for t, b in zip(ts, boxes)):
-        raise ValueError(f"rank {ctx.rank}: tensors {[tuple(t.shape) for t in ts]} for {boxes}")
-
-
-@operation("convert.sharded_tensor", collective=True, check=_st_check)
+@operation("convert.sharded_tensor", collective=True, check=layout_check)
 def _sharded_tensor(
     ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
 ) -> tuple[Any, list[torch.Tensor]]:
@@ -96,8 +59,8 @@ def _sharded_tensor(
     metadata, the local shards' boxes, the DCP chunks of this rank (``to_chunk_list``, or the
     chunks of DCP's ``_create_write_items``) and the local data."""
     layout = layout_from_json(args["layout"])
-    st = sharded_tensor_of(ctx, layout, getattr(torch, args["dtype"]), ts, _via(args))
-    if _via(args) == "shardspec":
+    st = sharded_tensor_of(ctx, layout, getattr(torch, args["dtype"]), ts, via_of(args))
+    if via_of(args) == "shardspec":
         from shardspec.metadata import to_chunk_list
 
         chunks = to_chunk_list(layout, ctx.rank)
@@ -115,7 +78,7 @@ def _sharded_tensor(
 
 
 # -- DTensor: DCP chunk list and from_dtensor (CONVERT-7, DTENSOR-9) ----------------------
-@operation("convert.dtensor", collective=True, check=_dtensor_check)
+@operation("convert.dtensor", collective=True, check=dtensor_check)
 def _dtensor(
     ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
 ) -> tuple[Any, list[torch.Tensor]]:
@@ -127,11 +90,11 @@ def _dtensor(
     mesh = ctx.mesh(tuple(args["mesh"]))
     src = 0 if args.get("scatter", True) else None
     dt = distribute_tensor(
-        _to_wire(ctx, ts[0]), mesh, placements_from_json(args["placements"]), src_data_rank=src
+        to_wire(ctx, ts[0]), mesh, placements_from_json(args["placements"]), src_data_rank=src
     )
-    local = _from_wire(dt.to_local(), ts[0].dtype)
+    local = from_wire(dt.to_local(), ts[0].dtype)
     value: dict[str, Any] = {"coordinate": mesh.get_coordinate()}
-    if _via(args) == "shardspec":
+    if via_of(args) == "shardspec":
         from shardspec.metadata import from_dtensor, to_chunk_list
 
         layout = from_dtensor(dt)
@@ -144,7 +107,7 @@ def _dtensor(
 
 # -- FSDP's dim-0 chunking of a state-dict tensor (FSDP-6, CHUNK-2, CHUNK-3) ---------------
 def _fsdp_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
-    _via(args)
+    via_of(args)
     if len(ts) != 1 or ts[0].dim() < 1:
         raise ValueError("FSDP chunking takes one tensor of at least one dim")
 
@@ -153,7 +116,7 @@ def _chunk_fn(args: dict[str, Any]) -> Any:
     # torch.distributed.fsdp first: importing tensor.parallel.fsdp alone is a circular import
     import torch.distributed.fsdp  # noqa: F401
 
-    if _via(args) == "shardspec":
+    if via_of(args) == "shardspec":
         from shardspec.fsdp import DTensorExtensions
 
         return DTensorExtensions().chunk_tensor
@@ -170,7 +133,7 @@ def _fsdp_chunk_plain(
     (torch: ``fsdp/_shard_utils.py`` ``_create_chunk_sharded_tensor``)."""
     group = dist.group.WORLD
     assert group is not None  # the worker has initialised the default group
-    if _via(args) == "torch":
+    if via_of(args) == "torch":
         import torch.distributed.fsdp  # noqa: F401
         from torch.distributed.fsdp._shard_utils import _create_chunk_sharded_tensor
 
@@ -201,7 +164,7 @@ def _fsdp_chunk_dtensor(
     from torch.distributed.tensor import Shard as DShard, distribute_tensor
 
     mesh = ctx.mesh((ctx.world,))
-    dt = distribute_tensor(_to_wire(ctx, ts[0]), mesh, [DShard(0)])
+    dt = distribute_tensor(to_wire(ctx, ts[0]), mesh, [DShard(0)])
     # A (dp=1, tp=W) mesh: TP over every rank, FSDP over a group of this rank alone.
     outer = _chunk_fn(args)(dt, 0, 1, 1, _own_group(ctx))
     (shard,) = outer.local_shards()
@@ -212,4 +175,4 @@ def _fsdp_chunk_dtensor(
         "inner": _metadata_layout(inner.metadata()),
         "inner_local": _shard_boxes(inner),
     }
-    return value, [_from_wire(s.tensor, ts[0].dtype) for s in inner.local_shards()]
+    return value, [from_wire(s.tensor, ts[0].dtype) for s in inner.local_shards()]

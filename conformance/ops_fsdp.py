@@ -2,7 +2,8 @@
 implementation's FSDP1 state-dict hook on its TP piece of a global tensor and returns the
 boxes the hook states for it with the data it holds.
 
-Registered in ``conformance.ops``'s table when that module imports this one.
+Registered in ``shardspec.testing.ops``'s table when a pool imports this module (listed in
+:data:`conformance.OPS`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import Any
 
 import torch
 
-from conformance.ops import Context, _from_wire, _to_wire, operation, placement
+from conformance.ops_shared import from_wire, placement, to_wire
+from shardspec.testing.ops import Context, operation
 
 __all__: list[str] = []
 
@@ -124,7 +126,7 @@ def _tp_chunk(
     # Every rank has the global tensor: cut the TP piece locally (gloo cannot broadcast every
     # dtype, and the TP split is not what is under test).
     dtype = ts[0].dtype
-    g = _to_wire(ctx, ts[0])  # upstream's hook communicates; gloo lacks some dtypes
+    g = to_wire(ctx, ts[0])  # upstream's hook communicates; gloo lacks some dtypes
     *_, p, t = mesh.get_coordinate()
     if pl[0] == "S":
         pieces = g.chunk(tp, pl[1])
@@ -159,6 +161,18 @@ def _tp_chunk(
             local = sh.tensor
         else:
             raise TypeError(f"chunk_dtensor returned {type(out).__name__}")
+        if args.get("gather"):
+            # Back to the TP piece as FSDP1's state-dict load does: all_gather_dtensor on the
+            # root mesh, and (shardspec) the optimizer-state path that gathers the same way.
+            dist.barrier()
+            backs = [ext.all_gather_dtensor(out, mesh)]
+            if args["impl"] == "shardspec":
+                from shardspec.fsdp.optim import tp_local_optim_state
+
+                osd = tp_local_optim_state({"state": {"w": {"exp_avg": out}}}, mesh)
+                backs.append(osd["state"]["w"]["exp_avg"])
+            dist.barrier()
+            return {"boxes": boxes}, [from_wire(t.contiguous(), dtype) for t in (local, *backs)]
     else:
         st = ext.chunk_tensor(dt, p, dp, 1, _submesh(ctx, mesh, ("dp",)).get_group())
         (outer,) = st.local_shards()
@@ -173,7 +187,7 @@ def _tp_chunk(
         else:
             local = ts[0].new_empty(0)
     dist.barrier()
-    return {"boxes": boxes}, [_from_wire(local.contiguous(), dtype)]
+    return {"boxes": boxes}, [from_wire(local.contiguous(), dtype)]
 
 
 def _flatten_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:

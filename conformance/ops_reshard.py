@@ -1,5 +1,6 @@
 """Pool operations of the resharding area (spec/06-reshard.md), registered in
-``conformance.ops``'s table when that module imports this one.
+``shardspec.testing.ops``'s table when a pool imports this module (listed in
+:data:`conformance.OPS`).
 
 Each rank receives its own source shards (``per_rank_tensors``) and the layouts as JSON, and
 returns its destination shards in the destination's local order; the driver compares them with
@@ -13,7 +14,8 @@ from typing import Any
 import torch
 
 from conformance.codec import layout_from_json
-from conformance.ops import Context, operation, placement
+from conformance.ops_shared import placement
+from shardspec.testing.ops import Context, operation
 
 __all__: list[str] = []
 

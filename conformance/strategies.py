@@ -242,6 +242,32 @@ def fsdp_meshes(draw: st.DrawFn) -> tuple[int, ...]:
 
 
 @st.composite
+def fsdp_cases(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, ...], list[Any]]:
+    """``(shape, (*outer, dp, tp) mesh, TP placement)`` for FSDP x TP (:func:`fsdp_meshes`),
+    TP ``["R"]`` or ``["S", d]``. On simulated worlds the shape is drawn with the mesh: dim 0
+    against the ranks that cut it (dp, times tp when TP shards dim 0 too), a TP dim against tp
+    (:mod:`conformance.strategies_scale`), so most ranks hold data and some hold none."""
+    from shardspec.testing.devices import simulated_worlds
+
+    from .strategies_scale import long_sides
+
+    mesh = draw(fsdp_meshes())
+    if not simulated_worlds():
+        shape = draw(shapes(min_dims=1, max_dims=3, max_side=7))
+        tp = draw(st.one_of(st.just(["R"]), st.integers(0, len(shape) - 1).map(lambda d: ["S", d])))
+        return shape, mesh, tp
+    *_, dp, tps = mesh
+    nd = draw(st.integers(1, 3))
+    # the simplest draw: TP on dim 0, so dim 0 is cut into dp * tp parts
+    tp = draw(st.one_of(st.integers(0, nd - 1).map(lambda d: ["S", d]), st.just(["R"])))
+    cuts = [dp * (tps if tp == ["S", 0] else 1)] + [
+        tps if tp == ["S", d] else 0 for d in range(1, nd)
+    ]
+    shape = tuple(draw(long_sides(c)) if c else draw(st.integers(1, 3)) for c in cuts)
+    return shape, mesh, tp
+
+
+@st.composite
 def placement_lists(draw: st.DrawFn, ndim: int, mesh_ndim: int) -> list[Any]:
     """JSON placements (``["S", d]``, ``["R"]``, ``["SS", d, f]``), drawn with the shared
     ``dtensor_placements`` strategy."""
@@ -261,18 +287,25 @@ def dtensor_pool_cases(
 ) -> tuple[tuple[int, ...], tuple[int, ...], list[Any]]:
     """``(shape, mesh shape, JSON placements)`` for a mesh of the pool's ranks in row-major
     order: 0-d to 4-d shapes with zero-size dims, meshes up to 3-D, nested and strided
-    shards, more ranks than rows. ``worlds``: draw the mesh from these world sizes (up to
-    4-D) instead of the run's pools."""
+    shards, more ranks than rows. ``worlds`` (or the simulated worlds of the run): draw the
+    mesh from these world sizes (up to 4-D, the largest first) instead of the run's pools, and
+    the shape with the world (:mod:`conformance.strategies_scale`)."""
     from shardspec.testing.devices import simulated_worlds
 
-    shp = draw(shapes(max_dims=4, max_side=6))
-    if worlds:
-        mesh = draw(factorizations(draw(st.sampled_from(sorted(worlds)))))
-    elif simulated_worlds():  # a mesh of exactly one simulated world, up to 4-D
-        mesh = draw(factorizations(draw(world_sizes())))
+    from .strategies_scale import largest_first, scale_shapes
+
+    scale = list(worlds) or simulated_worlds()
+    if scale:  # a mesh of exactly one world, up to 4-D, largest world first
+        mesh = draw(factorizations(draw(largest_first(scale))))
+        shp = draw(scale_shapes(math.prod(mesh), max_dims=4))
     else:
+        shp = draw(shapes(max_dims=4, max_side=6))
         mesh = draw(mesh_shapes(max_world=max_world))
     placements = draw(placement_lists(len(shp), len(mesh)))
+    if scale and draw(st.integers(0, 3)) == 0:
+        # the simplest draw shards the long dim over the largest mesh dim: data on most ranks
+        long = max(range(len(shp)), key=lambda d: shp[d])
+        placements[max(range(len(mesh)), key=lambda m: mesh[m])] = ["S", long]
     if not strided:
         placements = [p if p[0] != "SS" else ["S", p[1]] for p in placements]
     if not negative_dims:
@@ -287,6 +320,7 @@ __all__ = [
     "dtensor_pool_cases",
     "dtypes",
     "factorizations",
+    "fsdp_cases",
     "fsdp_meshes",
     "grid_layouts",
     "guillotine_layouts",

@@ -37,7 +37,7 @@ __all__ = [
 # (shardspec.metadata.columns.COLUMNS_FROM), restated so the suite does not read the
 # implementation's constants.
 LARGE_FROM = 64
-STRADDLE_KINDS = ("overlap", "gap", "shift", "take")
+STRADDLE_KINDS = ("overlap", "span", "gap", "shift", "take")
 
 
 def scale_worlds() -> tuple[int, ...]:
@@ -51,8 +51,10 @@ def scale_worlds() -> tuple[int, ...]:
 
 
 @st.composite
-def _cell_counts(draw: st.DrawFn, max_cells: int, worlds: Sequence[int]) -> tuple[int, ...]:
-    """Per-dim cell counts (1-D to 3-D) whose product lies in [LARGE_FROM, max_cells]; the
+def _cell_counts(
+    draw: st.DrawFn, max_cells: int, worlds: Sequence[int], min_cells: int = LARGE_FROM
+) -> tuple[int, ...]:
+    """Per-dim cell counts (1-D to 3-D) whose product lies in [min_cells, max_cells]; the
     last dim's count is drawn within the range the others leave. With ``worlds``: a
     factorization of one of them (size-1 dims included)."""
     if worlds:
@@ -60,18 +62,20 @@ def _cell_counts(draw: st.DrawFn, max_cells: int, worlds: Sequence[int]) -> tupl
 
         return draw(factorizations(draw(st.sampled_from(worlds)), max_dims=3))
     nd = draw(st.integers(1, 3))
-    lead = [draw(st.integers(2, 8)) for _ in range(nd - 1)]
+    # a count of 1: a dim no boundary cuts, which a straddling box can only fall short in
+    lead = [draw(st.integers(1, 8)) for _ in range(nd - 1)]
     rest = math.prod(lead)
-    last = draw(st.integers(-(-LARGE_FROM // rest), max(-(-LARGE_FROM // rest), max_cells // rest)))
+    low = max(1, -(-min_cells // rest))
+    last = draw(st.integers(low, max(low, max_cells // rest)))
     return (*lead, last)
 
 
 @st.composite
 def _grid(
-    draw: st.DrawFn, max_cells: int, worlds: Sequence[int]
+    draw: st.DrawFn, max_cells: int, worlds: Sequence[int], min_cells: int = LARGE_FROM
 ) -> tuple[tuple[int, ...], list[list[tuple[int, int]]]]:
     """A shape and, per dim, its cells as consecutive (start, stop) intervals of size 1-3."""
-    counts = draw(_cell_counts(max_cells, worlds))
+    counts = draw(_cell_counts(max_cells, worlds, min_cells))
     rnd = draw(_bulk())
     per_dim: list[list[tuple[int, int]]] = []
     for k in counts:
@@ -147,19 +151,27 @@ def _with(box: Box, d: int, offset: int, size: int) -> Box:
 
 @st.composite
 def near_grid_layouts(
-    draw: st.DrawFn, *, max_cells: int = 300, worlds: Sequence[int] = ()
+    draw: st.DrawFn,
+    *,
+    max_cells: int = 300,
+    worlds: Sequence[int] = (),
+    min_cells: int = LARGE_FROM,
 ) -> tuple[Layout, str]:
     """``(layout, kind)``: a large regular grid (one cell per rank; ``worlds`` as in
     :func:`large_grid_layouts`) with one box straddling a cell boundary along one dim; ``kind``
-    is one of STRADDLE_KINDS:
+    is one of STRADDLE_KINDS (``min_cells`` below LARGE_FROM: small grids, which a validator
+    checks on its plain path):
 
     - ``overlap``: the box grows into the next cell, which keeps its rows;
+    - ``span``: the box grows over the whole next cell, so it ends where that cell does: every
+      start and end of the grid is unchanged and there are as many boxes as cells, only the
+      pairing of starts with ends says the box crosses a boundary;
     - ``gap``: the box shrinks, and nothing covers the rows it gave up;
     - ``shift``: the box moves by ``delta`` rows (an overlap on one side, a gap on the other);
     - ``take``: the box grows into the next cell and the next cell gives those rows up
       (valid, but no longer a product grid).
     """
-    shape, per_dim = draw(_grid(max_cells, worlds))
+    shape, per_dim = draw(_grid(max_cells, worlds, min_cells))
     cells = _cells(per_dim)
     d = draw(st.integers(0, len(shape) - 1))
     movable = [c for c in cells if _neighbour(per_dim, c, d) is not None]
@@ -179,7 +191,9 @@ def near_grid_layouts(
         assert nxt is not None
         j = cells.index(nxt)
         delta = draw(st.integers(1, nxt.sizes[d]))
-        if kind == "overlap":
+        if kind == "span":
+            cells[i] = _with(box, d, o, n + nxt.sizes[d])
+        elif kind == "overlap":
             cells[i] = _with(box, d, o, n + delta)
         elif kind == "shift":
             cells[i] = _with(box, d, o + delta, n)
@@ -195,11 +209,18 @@ def large_chunk_layouts(
     draw: st.DrawFn, *, max_ranks: int = 300, perturb: bool = True, worlds: Sequence[int] = ()
 ) -> Layout:
     """A chunking over LARGE_FROM..max_ranks ranks (with ``worlds``: over as many ranks as one
-    of them; more ranks than rows included, so empty chunks at the end), in a drawn rank order
-    and shard order; with ``perturb``, maybe one chunk moved or resized by a row (about half
-    are then invalid)."""
-    k = draw(st.sampled_from(worlds) if worlds else st.integers(LARGE_FROM, max_ranks))
-    n = draw(st.integers(1, 3 * k))
+    of them, the largest first, the chunked dim drawn with it; more ranks than rows included,
+    so empty chunks at the end), in a drawn rank order and shard order; with ``perturb``, maybe
+    one box moved or resized by one element along any dim, the spanned ones included (about
+    half are then invalid)."""
+    from .strategies_scale import largest_first, long_sides
+
+    if worlds:  # the largest first, the chunked dim drawn with the world (data on most ranks)
+        k = draw(largest_first(worlds))
+        n = draw(long_sides(k))
+    else:
+        k = draw(st.integers(LARGE_FROM, max_ranks))
+        n = draw(st.integers(1, 3 * k))
     other = draw(st.lists(st.integers(1, 3), max_size=2))
     dim = draw(st.integers(0, len(other)))
     shape = (*other[:dim], n, *other[dim:])
@@ -208,13 +229,16 @@ def large_chunk_layouts(
     if not perturb or draw(st.booleans()):
         return Layout(shape, shards)
     i = draw(st.integers(0, k - 1))
+    # any dim: the chunked one, or one every box spans (a box one short there leaves a gap
+    # that no chunk boundary explains; moved by one, it leaves the tensor)
+    d = draw(st.integers(0, len(shape) - 1))
     b = shards[i].box
-    o, s = b.offsets[dim], b.sizes[dim]
+    o, s = b.offsets[d], b.sizes[d]
     delta = draw(st.sampled_from([-1, 1]))
     if draw(st.booleans()):
-        shards[i] = Shard(_with(b, dim, max(0, o + delta), s), shards[i].rank)
+        shards[i] = Shard(_with(b, d, max(0, o + delta), s), shards[i].rank)
     else:
-        shards[i] = Shard(_with(b, dim, o, max(0, s + delta)), shards[i].rank)
+        shards[i] = Shard(_with(b, d, o, max(0, s + delta)), shards[i].rank)
     return Layout(shape, shards)
 
 

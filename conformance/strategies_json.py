@@ -21,10 +21,34 @@ from shardspec.metadata import Layout
 
 from .strategies import perturbed_layouts
 
-__all__ = ["FAULTS", "Malformed", "layout_dict", "layout_json", "malformed_layout_json"]
+__all__ = [
+    "BAD_INTS",
+    "FAULTS",
+    "HUGE_INT",
+    "Malformed",
+    "each_field_out_of_range",
+    "layout_dict",
+    "layout_json",
+    "malformed_layout_json",
+]
 
-# Raw JSON text of values that are not a non-negative int.
-BAD_INTS = ("-1", "true", "false", "1.5", "1e3", '"3"', "null", "[]", "{}")
+# Raw JSON text of values that are not a non-negative int: negative (small, and below int64),
+# the wrong type (bool, float, exponent, string, null, list, object).
+BAD_INTS = (
+    "-1",
+    "-2",
+    "-9223372036854775809",
+    "true",
+    "false",
+    "1.5",
+    "1e3",
+    '"3"',
+    "null",
+    "[]",
+    "{}",
+)
+# An integer of more than 4300 digits (CONVERT-9): refused by the parser, so no path is named.
+HUGE_INT = "9" * 4301
 _MARK = "\x00bad\x00"
 FAULTS = (
     "top_not_object",
@@ -175,3 +199,31 @@ def malformed_layout_json(draw: st.DrawFn) -> Malformed:
         cut = draw(st.integers(0, len(text) - 1))
         return Malformed(text[:cut], fault, ())
     return Malformed(_dump(obj, raw), fault, names)
+
+
+def each_field_out_of_range() -> list[Malformed]:
+    """One text per (int field, bad value): every int field of a 2-shard layout (the version,
+    each shape item, each shard's rank, each offset, each size) set alone to each of BAD_INTS
+    and to HUGE_INT, the rest valid. Drawn faults reach a given pair rarely; these reach each
+    one in every run."""
+    from shardspec.metadata import Box, Shard
+
+    layout = Layout((4, 3), [Shard(Box((0, 0), (2, 3)), 0), Shard(Box((2, 0), (2, 3)), 1)])
+    d = layout_dict(layout)
+    paths: list[tuple[str, Any]] = [("$.version", ("version",))]
+    paths += [(f"$.shape[{j}]", ("shape", j)) for j in range(2)]
+    for i in range(2):
+        paths.append((f"$.shards[{i}].rank", ("shards", i, "rank")))
+        for field in ("offsets", "sizes"):
+            paths += [(f"$.shards[{i}].{field}[{j}]", ("shards", i, field, j)) for j in range(2)]
+    out = []
+    for path, keys in paths:
+        for bad in (*BAD_INTS, HUGE_INT):
+            obj = json.loads(json.dumps(d))
+            target = obj
+            for k in keys[:-1]:
+                target = target[k]
+            target[keys[-1]] = _MARK
+            names = () if bad == HUGE_INT else (path,)
+            out.append(Malformed(_dump(obj, bad), f"out_of_range {path}={bad[:24]}", names))
+    return out

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from shardspec.metadata import Layout, chunk_layout
 
 from .strategies import dtypes, shapes, tensors, valid_layouts, with_replicas
+from .strategies_scale import largest_first, scale_shapes
 
-__all__ = ["OUT_KINDS", "flatten_cases", "layouts_on", "state_dict_cases"]
+__all__ = ["OUT_KINDS", "flatten_cases", "layouts_on", "reshard_cases", "state_dict_cases"]
 
 # How an out= tensor sits in its buffer: "contiguous" (a buffer of its own), "offset" (a
 # contiguous view at a storage offset), "strided" (every other element, at a storage offset),
@@ -33,6 +34,31 @@ def layouts_on(draw: st.DrawFn, shape: tuple[int, ...], world: int) -> Layout:
     if draw(st.booleans()):
         layout = draw(with_replicas(layout, max_extra_ranks=0))
     return layout
+
+
+@st.composite
+def reshard_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
+    """``{"world", "src", "dst", "tensor", "noncontig", "max_buffer_bytes"}``: one tensor
+    between two valid layouts of a pool of 1 to ``max_world`` ranks, or of a simulated world
+    (largest first, the shape drawn with it: most ranks hold data, more ranks than rows, a
+    dim longer than the world)."""
+    from shardspec.testing.devices import simulated_worlds
+
+    worlds = simulated_worlds()
+    if worlds:
+        world = draw(largest_first(worlds), label="world")
+        shape = draw(scale_shapes(world), label="shape")
+    else:
+        world = draw(st.integers(1, max_world), label="world")
+        shape = draw(shapes(max_dims=3, max_side=6), label="shape")
+    return {
+        "world": world,
+        "src": draw(layouts_on(shape, world), label="src"),
+        "dst": draw(layouts_on(shape, world), label="dst"),
+        "tensor": draw(tensors(shape, dtypes()), label="tensor"),
+        "noncontig": draw(st.booleans(), label="noncontig"),
+        "max_buffer_bytes": draw(st.sampled_from([None, 16, 64, 4096]), label="budget"),
+    }
 
 
 @st.composite

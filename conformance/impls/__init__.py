@@ -87,6 +87,15 @@ class Impl:
         data it holds."""
         raise self.unsupported("FSDP + TP state-dict hooks")
 
+    def fsdp_tp_gathers(
+        self, pool: Any, tensor: Any, mesh: Sequence[int], tp: list[Any]
+    ) -> list[list[Any]]:
+        """FSDP + TP as :meth:`fsdp_tp_chunks` with ``chunk_dtensor``, then gathered back along
+        the FSDP dim: per rank, what ``all_gather_dtensor`` on the root mesh returns and what
+        the implementation's optimizer-state path (where it has one) turns the same entry
+        into. Each must be the rank's TP piece."""
+        raise self.unsupported("FSDP + TP gathers")
+
     def infer_chunk(self, layout: Layout) -> tuple[int, list[int]] | None:
         """The (dim, rank order) of the chunk spec inferred from ``layout``, or None when
         the implementation infers an enumerable spec."""
@@ -117,6 +126,14 @@ class Impl:
         """True when the implementation's check of a tensor's saved chunks (CKPT-1) accepts
         ``chunks`` (chunk ``i`` is the i-th box) of a tensor of ``shape``."""
         raise self.unsupported("checking a checkpoint's chunks")
+
+    def checkpoint_load(
+        self, shape: Sequence[int], chunks: Sequence[Box], tensor: Any
+    ) -> tuple[Any, int]:
+        """``dcp.load`` of a checkpoint whose chunks are ``chunks`` (of ``tensor``) through the
+        implementation's load planner (:func:`load_through_planner`): the loaded tensor or the
+        exception, and how many reads reached storage."""
+        raise self.unsupported("loading a checkpoint through a load planner")
 
     def checkpoint_reads(
         self, shape: Sequence[int], saved: Sequence[Box], local: Sequence[Box]
@@ -468,3 +485,67 @@ def get_impl(name: str | None = None) -> Impl:
     if name not in _CACHE:
         _CACHE[name] = _load(name)
     return _CACHE[name]
+
+
+def load_through_planner(
+    planner: Any, shape: Sequence[int], chunks: Sequence[Box], tensor: Any
+) -> tuple[Any, int]:
+    """``dcp.load`` (no process group) of tensor ``t`` through ``planner`` from an in-memory
+    checkpoint whose chunks are ``chunks``, chunk ``i`` holding ``tensor``'s elements of box
+    ``i``, into a tensor of ``shape`` filled with -1: ``(the loaded tensor, or the exception
+    the load raised; how many read items reached storage)``. A damaged checkpoint must be
+    refused with no read at all."""
+
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.metadata import Metadata
+    from torch.distributed.checkpoint.storage import StorageReader
+    from torch.futures import Future
+
+    md = Metadata({"t": checkpoint_storage(shape, chunks)})
+    reads = [0]
+
+    class Memory(StorageReader):  # type: ignore[misc]
+        def reset(self, checkpoint_id: Any = None) -> None:
+            pass
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            return md
+
+        def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, **kw: Any) -> None:
+            pass
+
+        def prepare_local_plan(self, plan: Any) -> Any:
+            return plan
+
+        def prepare_global_plan(self, plans: Any) -> Any:
+            return plans
+
+        def read_data(self, plan: Any, planner: Any) -> Any:
+            for item in plan.items:
+                reads[0] += 1
+                box = chunks[item.storage_index.index]
+                start = [o + s for o, s in zip(box.offsets, item.storage_offsets)]
+                src = tensor[tuple(slice(a, a + n) for a, n in zip(start, item.lengths))]
+                dst = planner.resolve_tensor(item).detach()
+                dst.copy_(src)
+                planner.commit_tensor(item, dst)
+            done: Any = Future()
+            done.set_result(None)
+            return done
+
+        @classmethod
+        def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+            return True
+
+    target = torch.full(tuple(shape), -1.0, dtype=torch.float32)
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load({"t": target}, storage_reader=Memory(), planner=planner, no_dist=True)
+    except (Exception, CheckpointException) as e:  # a BaseException: the refusal is the verdict
+        return e, reads[0]
+    return target, reads[0]

@@ -61,6 +61,16 @@ class ShardspecImpl(Impl):
         )
         return [([Box(o, s) for o, s in r.value["boxes"]], r.tensors[0]) for r in results]
 
+    def fsdp_tp_gathers(
+        self, pool: Any, tensor: Any, mesh: Sequence[int], tp: list[Any]
+    ) -> list[list[Any]]:
+        results = pool.run(
+            "fsdp.tp_chunk",
+            {"mesh": list(mesh), "tp": tp, "impl": "shardspec", "hook": "dtensor", "gather": True},
+            [tensor],
+        )
+        return [list(r.tensors[1:]) for r in results]
+
     def infer_chunk(self, layout: Layout) -> tuple[int, list[int]] | None:
         try:
             from shardspec.metadata.infer import infer_spec
@@ -104,6 +114,15 @@ class ShardspecImpl(Impl):
         except LayoutError:
             return False
         return True
+
+    def checkpoint_load(
+        self, shape: Sequence[int], chunks: Sequence[Box], tensor: Any
+    ) -> tuple[Any, int]:
+        from shardspec.reshard.dcp import LoadPlanner as Planner
+
+        from . import load_through_planner
+
+        return load_through_planner(Planner(), shape, chunks, tensor)
 
     def checkpoint_reads(
         self, shape: Sequence[int], saved: Sequence[Box], local: Sequence[Box]

@@ -123,6 +123,16 @@ class TorchImpl(Impl):
         )
         return [([Box(o, s) for o, s in r.value["boxes"]], r.tensors[0]) for r in results]
 
+    def fsdp_tp_gathers(
+        self, pool: Any, tensor: Any, mesh: Sequence[int], tp: list[Any]
+    ) -> list[list[Any]]:
+        results = pool.run(
+            "fsdp.tp_chunk",
+            {"mesh": list(mesh), "tp": tp, "impl": "torch", "hook": "dtensor", "gather": True},
+            [tensor],
+        )
+        return [list(r.tensors[1:]) for r in results]
+
     def infer_chunk(self, layout: Layout) -> tuple[int, list[int]] | None:
         from torch.distributed._shard.sharding_spec import ChunkShardingSpec
         from torch.distributed._shard.sharding_spec.api import (
@@ -167,6 +177,15 @@ class TorchImpl(Impl):
             raise self.unsupported("_validate_global_plan skips 0-d tensors")
         md = Metadata({"t": checkpoint_storage(shape, chunks)})
         return not _validate_global_plan([], md)
+
+    def checkpoint_load(
+        self, shape: Sequence[int], chunks: Sequence[Box], tensor: Any
+    ) -> tuple[Any, int]:
+        from torch.distributed.checkpoint import DefaultLoadPlanner as Planner
+
+        from . import load_through_planner
+
+        return load_through_planner(Planner(), shape, chunks, tensor)
 
     def checkpoint_reads(
         self, shape: Sequence[int], saved: Sequence[Box], local: Sequence[Box]

@@ -60,3 +60,34 @@ def _test_functions(path: Path) -> list[ast.FunctionDef]:
 def test_every_conformance_test_runs_the_implementation_under_test(path: Path) -> None:
     lazy = [f.name for f in _test_functions(path) if "impl" not in {a.arg for a in f.args.args}]
     assert not lazy, f"{path.name}: {lazy} do not take the impl fixture"
+
+
+def _imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return names
+
+
+OPS_MODULES = sorted((ROOT / "conformance").glob("ops*.py"))
+
+
+@pytest.mark.parametrize("path", OPS_MODULES, ids=lambda p: p.name)
+def test_operation_modules_import_no_area_but_the_shared_one(path: Path) -> None:
+    """Areas register their operations themselves and share only ``conformance.ops_shared``:
+    an area importing another (or ``ops.py`` importing the areas) is the circle of issue 22."""
+    areas = {f"conformance.{p.stem}" for p in OPS_MODULES} - {"conformance.ops_shared"}
+    wrong = sorted((_imported_modules(path) & areas) - {f"conformance.{path.stem}"})
+    assert not wrong, f"{path.name} imports {wrong}; share through conformance.ops_shared"
+
+
+def test_every_operation_module_is_imported_by_the_pools() -> None:
+    from conformance import OPS
+
+    areas = {f"conformance.{p.stem}" for p in OPS_MODULES} - {"conformance.ops_shared"}
+    assert areas == set(OPS), f"conformance.OPS {OPS} is not the operation modules {areas}"

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import Phase, find, settings
+from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis.errors import NoSuchExample
 
 from conformance import reference
-from conformance.strategies import fsdp_meshes
+from conformance.strategies import dtensor_pool_cases, fsdp_cases, fsdp_meshes
 from conformance.strategies_grids import (
     LARGE_FROM,
     STRADDLE_KINDS,
@@ -27,7 +27,7 @@ from conformance.strategies_grids import (
     scale_worlds,
 )
 from conformance.strategies_json import FAULTS, malformed_layout_json
-from conformance.strategies_streams import flatten_cases, state_dict_cases
+from conformance.strategies_streams import flatten_cases, reshard_cases, state_dict_cases
 from shardspec.metadata import Layout
 
 # Found, not shrunk: shrinking a 300-shard layout costs minutes and proves nothing more.
@@ -59,6 +59,39 @@ def _is_grid_of_cells(layout: Layout) -> bool:
         if end != n:
             return False
     return True
+
+
+def _short_in_a_spanned_dim(layout: Layout) -> bool:
+    """Some box is one or more elements short in a dim that all the other boxes span."""
+    for d, n in enumerate(layout.shape):
+        full = [s for s in layout.shards if s.box.offsets[d] == 0 and s.box.sizes[d] == n]
+        if len(full) == len(layout.shards) - 1 and len(full) > 1 and n > 1:
+            return True
+    return False
+
+
+def test_small_near_grids_straddle_every_way_and_fall_short_in_spanned_dims() -> None:
+    for kind in STRADDLE_KINDS:
+        reaches(
+            near_grid_layouts(min_cells=2, max_cells=24),
+            lambda lk, kind=kind: lk[1] == kind and lk[0].ndim >= 2,
+            f"a small 2-D+ near-grid straddling by {kind!r}",
+        )
+    reaches(
+        near_grid_layouts(min_cells=2, max_cells=24),
+        lambda lk: _short_in_a_spanned_dim(lk[0]) and not reference.is_valid(lk[0]),
+        "a box short in a dim every other box spans",
+    )
+    reaches(
+        near_grid_layouts(),
+        lambda lk: _large(lk[0]) and _short_in_a_spanned_dim(lk[0]),
+        "a large near-grid with a box short in a spanned dim",
+    )
+    reaches(
+        large_chunk_layouts(),
+        lambda lay: _short_in_a_spanned_dim(lay) and not reference.is_valid(lay),
+        "a large chunking with a box short in a dim every chunk spans",
+    )
 
 
 @pytest.mark.parametrize("kind", STRADDLE_KINDS)
@@ -241,3 +274,141 @@ def test_validation_layouts_on_simulated_worlds_reach_1024_shards(
         lambda lay: len(lay.shards) >= 1024 and lay.ndim == 2,
         "a 2-D grid of 1024 cells",
     )
+
+
+# -- the large-world edges of every strategy conformance_scale runs -----------------------
+def _holders_above_255(layout: Layout) -> int:
+    return len({s.rank for s in layout.shards if s.box.numel and s.rank > 255})
+
+
+def _dtensor_holders_above_255(case: Any) -> int:
+    shape, mesh, placements = case
+    coords = reference.mesh_coordinates(mesh)
+    return sum(
+        1
+        for rank, c in enumerate(coords)
+        if rank > 255
+        and all(reference.dtensor_indices(shape, mesh, placements, c))
+        and math.prod(shape)
+    )
+
+
+def _fsdp_holders_above_255(case: Any) -> int:
+    shape, mesh, tp = case
+    *_, dp, tps = mesh
+    n = 0
+    for rank in range(256, math.prod(mesh)):
+        p, t = divmod(rank % (dp * tps), tps)
+        sides = list(shape)
+        if tp[0] == "S":
+            a, b = reference.chunk_intervals(sides[tp[1]], tps)[t]
+            sides[tp[1]] = b - a
+        a, b = reference.chunk_intervals(sides[0], dp)[p]
+        sides[0] = b - a
+        n += math.prod(sides) > 0
+    return n
+
+
+def first_example(strategy: Any) -> Any:
+    """The example a run tries first (every choice at its simplest), as a run of
+    conformance_scale's 3 examples does: not shrunk, which costs minutes at this size."""
+    seen: list[Any] = []
+
+    @settings(
+        max_examples=1,
+        database=None,
+        phases=[Phase.generate],
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def run(x: Any) -> None:
+        seen.append(x)
+
+    run()
+    return seen[0]
+
+
+def test_scale_strategies_start_with_data_on_more_than_16_ranks_above_255(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The simplest example, the first of every run of conformance_scale (3 examples a
+    property), already holds data on more than 16 ranks above 255."""
+    monkeypatch.setenv("SHARDSPEC_SIM_WORLDS", SIM)
+    first = first_example(reshard_cases())
+    assert first["world"] == 1024 and _holders_above_255(first["src"]) > 16, first["src"]
+    case = first_example(dtensor_pool_cases(max_world=16))
+    assert math.prod(case[1]) == 1024 and _dtensor_holders_above_255(case) > 16, case
+    case = first_example(fsdp_cases())
+    assert math.prod(case[1]) == 1024 and _fsdp_holders_above_255(case) > 16, case
+    lay = first_example(large_chunk_layouts(worlds=scale_worlds()))
+    assert _holders_above_255(lay) > 16
+
+
+def test_reshard_cases_at_scale_reach_the_large_world_edges(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SHARDSPEC_SIM_WORLDS", SIM)
+    reaches(
+        reshard_cases(),
+        lambda c: _holders_above_255(c["src"]) > 16 and _holders_above_255(c["dst"]) > 16,
+        "both layouts with data on more than 16 ranks above 255",
+    )
+    reaches(
+        reshard_cases(),
+        lambda c: c["world"] > 255 and 0 < max(c["tensor"].shape) < c["world"],
+        "more ranks than rows",
+    )
+    reaches(
+        reshard_cases(),
+        lambda c: c["world"] > 255 and max(c["tensor"].shape) > c["world"],
+        "a dim longer than the world",
+    )
+    reaches(reshard_cases(), lambda c: c["world"] == 8, "the smallest simulated world")
+
+
+def test_dtensor_pool_cases_at_scale_reach_the_large_world_edges(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SHARDSPEC_SIM_WORLDS", SIM)
+    strat = dtensor_pool_cases(max_world=16)
+    reaches(
+        strat,
+        lambda c: len(c[1]) >= 2 and _dtensor_holders_above_255(c) > 16,
+        "a multi-dim mesh with data on more than 16 ranks above 255",
+    )
+    reaches(
+        strat,
+        lambda c: math.prod(c[1]) > 255 and 1 in c[1] and _dtensor_holders_above_255(c) > 16,
+        "a mesh dim of size 1 at scale",
+    )
+    reaches(
+        strat,
+        lambda c: any(
+            p[0] == "S" and c[1][m] > c[0][p[1]] > 0 and c[1][m] > 255 for m, p in enumerate(c[2])
+        ),
+        "a mesh dim of more ranks than the rows it shards",
+    )
+    # the LocalTensorMode worlds passed explicitly get the same shapes
+    reaches(
+        dtensor_pool_cases(worlds=(8, 1024)),
+        lambda c: math.prod(c[1]) == 1024 and _dtensor_holders_above_255(c) > 16,
+        "data above rank 255 on an explicit world",
+    )
+
+
+def test_fsdp_cases_at_scale_reach_the_large_world_edges(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SHARDSPEC_SIM_WORLDS", SIM)
+    reaches(
+        fsdp_cases(),
+        lambda c: len(c[1]) >= 3 and c[1][-2] > 1 and _fsdp_holders_above_255(c) > 16,
+        "HSDP x TP with data on more than 16 ranks above 255",
+    )
+    reaches(
+        fsdp_cases(),
+        lambda c: c[1][-2] > c[0][0] and math.prod(c[1]) > 255,
+        "more FSDP ranks than rows",
+    )
+    reaches(fsdp_cases(), lambda c: 1 in c[1] and math.prod(c[1]) > 255, "a size-1 mesh dim")

@@ -45,6 +45,7 @@ the process group aborts.""",
     "tests": [
         "test_fsdp_models.py::test_fsdp1_tp_uneven_mlp_local_state_is_the_reference_slice",
         "test_fsdp.py::test_chunk_dtensor_states_the_rows_it_holds",
+        "test_fsdp.py::test_chunk_dtensor_gathers_back_to_the_tp_piece",
     ],
 }
 

@@ -316,8 +316,27 @@ _GOOD = layout_to_json(chunk_layout((4, 6), 1, [2, 0, 1]))
 @st.composite
 def damaged_json(draw: st.DrawFn) -> str:
     """A valid layout's JSON with a few characters replaced, deleted or inserted, deeply
-    nested, or with a huge value in some field."""
-    kind = draw(st.sampled_from(["edit", "nest", "huge", "text"]))
+    nested, with a huge value in some top-level field, or with one int field (a shape item,
+    a rank, an offset or a size) out of range: negative, huge or of the wrong type."""
+    kind = draw(st.sampled_from(["edit", "nest", "huge", "field", "text"]))
+    if kind == "field":
+        data = json.loads(_GOOD)
+        where = draw(st.sampled_from(["shape", "rank", "offsets", "sizes"]))
+        bad = draw(
+            st.one_of(
+                st.integers(max_value=-1),
+                st.sampled_from([-(2**63) - 1, 2**64, True, 1.5, "1", None, [], {}]),
+            )
+        )
+        if where == "shape":
+            data["shape"][draw(st.integers(0, 1))] = bad
+        else:
+            shard = data["shards"][draw(st.integers(0, 2))]
+            if where == "rank":
+                shard["rank"] = bad
+            else:
+                shard[where][draw(st.integers(0, 1))] = bad
+        return json.dumps(data)
     if kind == "text":
         return draw(st.text(max_size=64))
     if kind == "nest":
@@ -357,4 +376,10 @@ def test_json_reader_raises_only_layout_errors_with_short_messages(impl: Impl, t
         assert len(str(e)) < 1000, str(e)[:300]
         return
     assert isinstance(layout, Layout)
+    # Accepted: then every int field was a non-negative int (the reader checks structure,
+    # CONVERT-9), whatever the layout rules say of it
+    ints = [*layout.shape, *(v for sh in layout.shards for v in (sh.rank, *sh.box.offsets))]
+    ints += [v for sh in layout.shards for v in sh.box.sizes]
+    bad = [v for v in ints if type(v) is not int or v < 0]
+    assert not bad, f"layout_from_json accepted {bad} in {text[:300]!r}"
     _only_ours(layout.validate)

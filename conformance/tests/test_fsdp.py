@@ -16,7 +16,7 @@ from hypothesis import example, given, strategies as st
 from conformance.assertions import assert_equal, assert_tensor_bitwise
 from conformance.cases import case
 from conformance.impls import Impl
-from conformance.strategies import dtypes, fsdp_meshes, shapes, tensors
+from conformance.strategies import dtypes, fsdp_cases, tensors
 
 
 def _chunk(t: torch.Tensor, k: int, i: int, dim: int) -> torch.Tensor:
@@ -32,14 +32,6 @@ def _reference(g: torch.Tensor, tp: list[Any], mesh: tuple[int, ...], rank: int)
     p, t = divmod(rank % (dp * tp_size), tp_size)
     piece = g if tp[0] == "R" else _chunk(g, tp_size, t, tp[1])
     return _chunk(piece, dp, p, 0)
-
-
-@st.composite
-def fsdp_cases(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, ...], list[Any]]:
-    shape = draw(shapes(min_dims=1, max_dims=3, max_side=7))
-    mesh = draw(fsdp_meshes())
-    tp = draw(st.one_of(st.just(["R"]), st.integers(0, len(shape) - 1).map(lambda d: ["S", d])))
-    return shape, mesh, tp
 
 
 def _run(impl: Impl, pools: Any, hook: str, c: Any, data: st.DataObject | None) -> None:
@@ -86,6 +78,43 @@ def test_chunk_dtensor_states_the_rows_it_holds(
     impl: Impl, pools: Any, c: Any, data: st.DataObject
 ) -> None:
     _run(impl, pools, "dtensor", c, data)
+
+
+def _tp_piece(g: torch.Tensor, tp: list[Any], mesh: tuple[int, ...], rank: int) -> torch.Tensor:
+    """What rank ``rank`` holds before FSDP chunks it: its TP chunk of the global tensor."""
+    t = rank % mesh[-1]
+    return g if tp[0] == "R" else _chunk(g, mesh[-1], t, tp[1])
+
+
+@pytest.mark.rule("FSDP-5", "FSDP-11", "CONF-1")
+@pytest.mark.known_defect(
+    "torch",
+    "tensor/parallel/fsdp.py _chunk_dtensor labels TP Shard(0) parameters (Shard(0), Shard(0)) "
+    "and redistributes: with an uneven TP shard it aborts gloo or gathers the wrong rows",
+)
+@pytest.mark.pool
+@given(fsdp_cases(), st.data())
+@example(((8,), (2, 2), ["S", 0]), None)
+@example(((5, 3), (2, 1, 2), ["S", 1]), None)  # HSDP x TP: the FSDP dim is mesh dim 1
+@example(((7, 2), (1, 2, 2, 1), ["R"]), None)  # 4-D
+def test_chunk_dtensor_gathers_back_to_the_tp_piece(
+    impl: Impl, pools: Any, c: Any, data: st.DataObject
+) -> None:
+    """``all_gather_dtensor`` (FSDP1's load path) and the optimizer-state path give every rank
+    of every (*outer, dp, tp) mesh its TP piece back, bit for bit: a gather over the wrong
+    mesh dim (the replicate dim of HSDP, say) returns another piece."""
+    shape, mesh, tp = c
+    if data is None:
+        g = torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape)
+    else:
+        g = data.draw(tensors(shape, dtypes()), label="tensor")
+    ex = f"gather back(shape={shape}, mesh=(*outer, dp, tp)={mesh}, tp={tp}, dtype={g.dtype})"
+    with case():
+        got = impl.fsdp_tp_gathers(pools(math.prod(mesh)), g, mesh, tp)
+        for rank, backs in enumerate(got):
+            want = _tp_piece(g, tp, mesh, rank)
+            for name, back in zip(("all_gather_dtensor", "optimizer state"), backs):
+                assert_tensor_bitwise(f"rank{rank}.{name}", back, want, ex)
 
 
 @pytest.mark.rule("FSDP-1", "FSDP-6", "CONF-1")

@@ -8,30 +8,14 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import example, given, strategies as st
+from hypothesis import example, given
 
 from conformance import reference
 from conformance.assertions import assert_equal, assert_tensor_bitwise, describe_layout
 from conformance.cases import case
 from conformance.impls import Impl
-from conformance.strategies import dtypes, shapes, tensors, world_sizes
-from conformance.strategies_streams import layouts_on, state_dict_cases
+from conformance.strategies_streams import reshard_cases, state_dict_cases
 from shardspec.metadata import chunk_layout
-from shardspec.testing.devices import simulated_worlds
-
-
-@st.composite
-def reshard_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
-    world = draw(world_sizes() if simulated_worlds() else st.integers(1, max_world), label="world")
-    shape = draw(shapes(max_dims=3, max_side=6), label="shape")
-    return {
-        "world": world,
-        "src": draw(layouts_on(shape, world), label="src"),
-        "dst": draw(layouts_on(shape, world), label="dst"),
-        "tensor": draw(tensors(shape, dtypes()), label="tensor"),
-        "noncontig": draw(st.booleans(), label="noncontig"),
-        "max_buffer_bytes": draw(st.sampled_from([None, 16, 64, 4096]), label="budget"),
-    }
 
 
 def _known_case(dim: int, ranks: list[int]) -> dict[str, Any]:

@@ -16,7 +16,12 @@ from conformance.assertions import assert_equal, describe_layout
 from conformance.cases import case
 from conformance.impls import Impl, Unsupported
 from conformance.strategies import perturbed_layouts, valid_layouts
-from conformance.strategies_json import Malformed, layout_json, malformed_layout_json
+from conformance.strategies_json import (
+    Malformed,
+    each_field_out_of_range,
+    layout_json,
+    malformed_layout_json,
+)
 from shardspec.metadata import Box, Layout, LayoutError, Shard
 
 # An invalid layout (two boxes overlap, row 3 is missing, rank 0 holds one box twice) still
@@ -82,6 +87,19 @@ def test_layout_json_is_the_spec_text_and_reads_back_exactly(impl: Impl, layout:
     )
 )
 def test_every_malformed_text_is_a_layout_error_naming_the_path(impl: Impl, m: Malformed) -> None:
+    check_refused(impl, m)
+
+
+@pytest.mark.rule("CONVERT-9")
+@pytest.mark.parametrize("m", each_field_out_of_range(), ids=lambda m: m.fault)
+def test_each_int_field_out_of_range_alone_is_refused(impl: Impl, m: Malformed) -> None:
+    """Every int field (version, shape, rank, offsets, sizes) negative, below int64, of the
+    wrong type or of more than 4300 digits, one at a time: a reader that skips one field's
+    check (a negative size read into a Layout) fails here in every run."""
+    check_refused(impl, m)
+
+
+def check_refused(impl: Impl, m: Malformed) -> None:
     ex = repr(m)
     with case():
         try:

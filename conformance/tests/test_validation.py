@@ -104,6 +104,31 @@ def test_validator_finds_the_one_box_straddling_a_large_grid(
     check_validator(impl, layout_kind[0])
 
 
+# A 2 x 2 grid whose box (0, 0) spans both rows of column 0: every start and end of the grid
+# is still there and there are 4 boxes for 4 cells; only the box's end pairs with the wrong
+# start (it overlaps cell (1, 0)).
+SPAN_2X2 = Layout(
+    (2, 2),
+    [
+        Shard(Box((0, 0), (2, 1)), 0),
+        Shard(Box((0, 1), (1, 1)), 1),
+        Shard(Box((1, 0), (1, 1)), 2),
+        Shard(Box((1, 1), (1, 1)), 3),
+    ],
+)
+
+
+@pytest.mark.rule("LAYOUT-2", "LAYOUT-3")
+@given(near_grid_layouts(min_cells=2, max_cells=24))
+@example((SPAN_2X2, "span"))
+def test_validator_finds_the_one_box_straddling_a_small_grid(
+    impl: Impl, layout_kind: tuple[Layout, str]
+) -> None:
+    """Small grids (a validator's plain path), one box straddling a cell boundary along any
+    dim, the dims no boundary cuts included (there the box can only fall short: a gap)."""
+    check_validator(impl, layout_kind[0])
+
+
 CHUNKING_80 = chunk_layout((100,), 0, range(80))  # 50 chunks of 2 rows, 30 empty ones at n
 # The same with rank 79's empty chunk moved by a row, inside rank 49's rows [98, 100): valid by
 # BOX-2, and what the strategy's perturbation draws (a 180-row chunking found it).

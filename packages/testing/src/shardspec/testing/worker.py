@@ -167,7 +167,20 @@ def main() -> None:
     warm_up(ctx)
     serve(sock, ctx)
     sock.close()
+    save_coverage()
     os._exit(0)  # skip interpreter and process-group teardown: the driver owns our lifetime
+
+
+def save_coverage() -> None:
+    """Write coverage.py's data when it measures this process (``nox -s coverage`` starts it in
+    every rank): ``os._exit`` skips the atexit hook that would."""
+    import sys
+
+    coverage = sys.modules.get("coverage")
+    cov = coverage.Coverage.current() if coverage is not None else None
+    if cov is not None:
+        cov.stop()
+        cov.save()
 
 
 if __name__ == "__main__":

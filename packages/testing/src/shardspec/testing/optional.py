@@ -27,7 +27,10 @@ def import_error(module: str) -> str | None:
     except OSError as e:  # a shared library built for another torch
         import torch
 
-        return f"{module} is installed but does not load with torch {torch.__version__}: {e}"
+        # torch.ops.load_library says which file; the loader's error (undefined symbol) is
+        # the cause it chains
+        why = f"{e}" + (f" ({e.__cause__})" if e.__cause__ is not None else "")
+        return f"{module} is installed but does not load with torch {torch.__version__}: {why}"
     return None
 
 
@@ -43,5 +46,6 @@ def import_or_skip(module: str, hint: str = "") -> ModuleType:
 
     error = import_error(module)
     if error is not None:
-        pytest.skip(f"{error}{'; ' + hint if hint else ''}", allow_module_level=True)
+        missing = error.endswith(")") and "is not installed" in error
+        pytest.skip(f"{error}; {hint}" if hint and missing else error, allow_module_level=True)
     return importlib.import_module(module)

@@ -1,7 +1,10 @@
 """Settings shared by every test in the monorepo."""
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # deadline=None: distributed examples and first-call imports vary too much in time for a
@@ -32,3 +35,31 @@ settings.register_profile("ci", parent=settings.get_profile("default"), derandom
 settings.load_profile(
     os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default")
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "failure_matches(pattern): the expected failure of a known defect must have a message "
+        "matching pattern (shardspec.testing.defects.known_failure)",
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[Any]:
+    # xfail(raises=...) checks the exception's type; the message is checked here, so that a
+    # known defect is only "reproduced" by its own failure
+    report = yield
+    mark = item.get_closest_marker("failure_matches")
+    if mark is None or call.when != "call" or call.excinfo is None:
+        return report
+    if not hasattr(report, "wasxfail"):
+        return report
+    from shardspec.testing.defects import mismatch
+
+    why = mismatch(mark.args[0], call.excinfo.value)
+    if why is not None:
+        del report.wasxfail
+        report.outcome = "failed"
+        report.longrepr = f"{why}\n\n{report.longrepr}"
+    return report

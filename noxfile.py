@@ -1,8 +1,12 @@
 """The project's front door: `nox -s <session>`.
 
 CPU sessions pin torch==2.13.0 (the CPU build); pass `--torch=VERSION` after `--` to test
-another, e.g. `nox -s tests -- --torch=2.12.0`. Every other argument after `--` goes to pytest
-(or to the benchmark script, for `bench`).
+another, e.g. `nox -s tests -- --torch=2.15.0` (and `--torchrec=VERSION` to `torchrec`). Every
+other argument after `--` goes to pytest (or to the benchmark script, for `bench`).
+
+The sessions that take `--torch` share one virtualenv per release, `.nox/torch-<release>`
+(`.nox/torch-<release>-torchrec-<release>` with TorchRec), kept between runs: the CUDA builds
+of torch 2.14 and 2.15 are gigabytes, so a release is installed once, not once per session.
 """
 
 from __future__ import annotations
@@ -11,10 +15,13 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import nox
 import tomllib  # the Python 3.11 standard library
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import InvalidVersion, Version
 
 ROOT = Path(__file__).parent
 # Dependency order: metadata <- {testing, reshard <- {fsdp, torchrec}}; testing (the rank
@@ -22,13 +29,16 @@ ROOT = Path(__file__).parent
 PACKAGE_ORDER = ("metadata", "testing", "reshard", "fsdp", "torchrec")
 DEFAULT_TORCH = "2.13.0"
 TEST_DEPS = ("pytest>=8", "hypothesis>=6.100", "pytest-timeout", "pytest-xdist")
-TORCHREC_DEPS = (
-    "fbgemm-gpu-cpu==1.8.0",
-    "tensordict",
-    "torchmetrics==1.0.3",
-    "tqdm",
-    "pyre-extensions",
-)
+# The TorchRec release (and its fbgemm-gpu-cpu) built against each torch minor release; 2.15
+# has none yet: 1.9.2's fbgemm 1.9.0 installs but does not load there, and the torchrec tests
+# skip with the loader's error.
+TORCHREC_FOR_TORCH = {
+    "2.13": ("1.8.0", "1.8.0"),
+    "2.14": ("1.9.2", "1.9.0"),
+    "2.15": ("1.9.2", "1.9.0"),
+}
+FBGEMM_FOR_TORCHREC = {"1.8.0": "1.8.0", "1.9.2": "1.9.0"}
+TORCHREC_DEPS = ("tensordict", "torchmetrics==1.0.3", "tqdm", "pyre-extensions")
 
 nox.options.sessions = ["tests", "conformance", "lint", "typecheck", "spec"]
 nox.options.default_venv_backend = "venv"
@@ -40,71 +50,190 @@ def packages() -> list[Path]:
 
 
 def split_args(session: nox.Session) -> tuple[str, list[str]]:
-    torch_version = DEFAULT_TORCH
-    rest: list[str] = []
+    torch_version, rest = DEFAULT_TORCH, []
     for arg in session.posargs:
         if arg.startswith("--torch="):
             torch_version = arg.split("=", 1)[1]
-        else:
+        elif not arg.startswith("--torchrec="):
             rest.append(arg)
+    try:
+        Version(torch_version)
+    except InvalidVersion:
+        session.error(f"--torch={torch_version}: not a release number (e.g. --torch=2.15.0)")
     return torch_version, rest
 
 
-def install_stack(session: nox.Session, *extra: str) -> list[str]:
-    """Install torch (pinned), the test tools and every package, editable; return posargs."""
-    torch_version, rest = split_args(session)
-    # torch first and alone: with the pin satisfied, nothing later can pull a CUDA build.
-    session.install(f"torch=={torch_version}")
-    session.install(*TEST_DEPS, *extra)
+def torchrec_release(session: nox.Session, torch_version: str) -> tuple[str, str]:
+    """(torchrec, fbgemm-gpu-cpu) for this session: `--torchrec=X`, or the one built for the
+    torch release."""
+    for arg in session.posargs:
+        if arg.startswith("--torchrec="):
+            wanted = arg.split("=", 1)[1]
+            if wanted not in FBGEMM_FOR_TORCHREC:
+                session.error(
+                    f"--torchrec={wanted}: known releases are {sorted(FBGEMM_FOR_TORCHREC)}"
+                )
+            return wanted, FBGEMM_FOR_TORCHREC[wanted]
+    minor = ".".join(torch_version.split(".")[:2])
+    if minor not in TORCHREC_FOR_TORCH:
+        session.error(
+            f"no TorchRec release is known for torch {torch_version}; pass --torchrec=X "
+            f"(one of {sorted(FBGEMM_FOR_TORCHREC)})"
+        )
+    return TORCHREC_FOR_TORCH[minor]
+
+
+def pip_constraint_files(python: str) -> list[str]:
+    """The constraint files pip applies to every install, as pip itself reads them:
+    PIP_CONSTRAINT when set, else its configuration files."""
+    if "PIP_CONSTRAINT" in os.environ:
+        return os.environ["PIP_CONSTRAINT"].split()
+    listing = subprocess.run(
+        [python, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+    ).stdout
+    files: list[str] = []
+    for line in listing.splitlines():
+        key, _, value = line.partition("=")
+        if key.split(".")[-1] == "constraint":
+            files += value.strip().strip("'\"").split()
+    return files
+
+
+def refuses_torch(path: str, torch_version: str) -> str | None:
+    """The line of constraint file ``path`` that forbids ``torch_version``, if any."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        text = line.split("#", 1)[0].strip()
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if req.name.lower() == "torch" and not req.specifier.contains(
+            torch_version, prereleases=True
+        ):
+            return text
+    return None
+
+
+class Stack:
+    """The shared virtualenv of one torch release (and TorchRec release): created once, torch
+    installed as asked and checked to be the one that runs, then the test tools and every
+    package, editable, with torch held at that release."""
+
+    def __init__(self, session: nox.Session, torch_version: str, torchrec: str | None = None):
+        self.session = session
+        self.torch_version = torch_version
+        name = f"torch-{torch_version}" + (f"-torchrec-{torchrec}" if torchrec else "")
+        self.location = ROOT / ".nox" / name
+        self.bin = self.location / "bin"
+        self.python = str(self.bin / "python")
+
+    def create(self) -> None:
+        session = self.session
+        if not Path(self.python).exists():
+            session.run(sys.executable, "-m", "venv", str(self.location))
+        else:
+            session.log(f"reusing {self.location}")
+        session.env["VIRTUAL_ENV"] = str(self.location)
+        session.env["PATH"] = os.pathsep.join([str(self.bin), os.environ.get("PATH", "")])
+        # Every install below runs with torch pinned to the release asked for, so that no
+        # dependency can swap it; a machine-wide cap that forbids that release (this image
+        # caps torch at 2.14.1, its CUDA builds being on disk) is lifted for these installs
+        # only, and every other constraint file pip was given stays.
+        pin = self.location / "torch-pin.txt"
+        pin.write_text(f"torch=={self.torch_version}\n")
+        kept = []
+        for path in pip_constraint_files(self.python):
+            line = refuses_torch(path, self.torch_version)
+            if line is None:
+                kept.append(path)
+            else:
+                session.log(f"lifting pip's constraint {line!r} ({path}) for these installs")
+        session.env["PIP_CONSTRAINT"] = " ".join([*kept, str(pin)])
+
+    def install(self, *args: str) -> None:
+        self.session.run(self.python, "-m", "pip", "install", "--quiet", *args, silent=False)
+
+    def check_torch(self) -> str:
+        out = self.session.run(
+            self.python, "-c", "import torch; print(torch.__version__)", silent=True
+        )
+        found = str(out).strip().splitlines()[-1]
+        # a local label names the build (2.15.0+cu130, 2.13.0+cpu): the release is the rest
+        if Version(Version(found).public) != Version(self.torch_version):
+            self.session.error(
+                f"torch {found} runs in {self.location}, but --torch={self.torch_version} was "
+                "asked for; delete that directory and run again"
+            )
+        self.session.log(f"torch {found} ({self.location})")
+        return found
+
+
+def install_stack(session: nox.Session, *extra: str, torchrec: bool = False) -> Stack:
+    """The session's shared virtualenv with torch (the release asked for), the test tools,
+    ``extra`` and every package, editable; TorchRec too when asked."""
+    torch_version, _ = split_args(session)
+    trec = torchrec_release(session, torch_version) if torchrec else None
+    stack = Stack(session, torch_version, trec[0] if trec else None)
+    stack.create()
+    # torch first and alone: with the pin satisfied, nothing later can pull another build.
+    stack.install(f"torch=={torch_version}")
+    stack.check_torch()
+    stack.install(*TEST_DEPS, *extra)
     editable: list[str] = []
     for pkg in packages():
         editable += ["-e", str(pkg)]
-    session.install(*editable)
-    return rest
+    stack.install(*editable)
+    if trec is not None:
+        # --no-deps: torchrec's own requirements name a torch of their choosing.
+        stack.install(f"fbgemm-gpu-cpu=={trec[1]}", *TORCHREC_DEPS)
+        stack.install("--no-deps", f"torchrec=={trec[0]}")
+    stack.check_torch()  # what runs the tests, after everything that could have moved it
+    return stack
 
 
-def install_torchrec(session: nox.Session) -> None:
-    # --no-deps: torchrec's own requirements would replace the pinned CPU torch.
-    session.install(*TORCHREC_DEPS)
-    session.install("--no-deps", "torchrec==1.8.0")
-
-
-def run_pytest(session: nox.Session, *args: str) -> None:
+def run_pytest(stack: Stack, *args: str) -> None:
     # pytest exits 5 when it collected nothing; a package with no tests yet must not pass
     # silently, so that stays a failure.
-    session.run("python", "-m", "pytest", *args)
+    stack.session.run(stack.python, "-m", "pytest", *args)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """Unit and property tests of every package."""
-    rest = install_stack(session)
+    stack = install_stack(session)
+    _, rest = split_args(session)
     test_dirs = [str(p / "tests") for p in packages() if (p / "tests").is_dir()]
     if (ROOT / "conformance" / "meta").is_dir():
         test_dirs.append("conformance/meta")
     # Tests marked slow (an 8-rank world, say) run in `nox -s slow`; a `-m` of your own wins.
     select = [] if "-m" in rest else ["-m", "not slow"]
-    run_pytest(session, *test_dirs, *select, *rest)
+    run_pytest(stack, *test_dirs, *select, *rest)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def slow(session: nox.Session) -> None:
     """The tests marked slow: larger worlds and longer hunts than the default suite."""
-    rest = install_stack(session)
+    stack = install_stack(session)
+    _, rest = split_args(session)
     test_dirs = [str(p / "tests") for p in packages() if (p / "tests").is_dir()]
-    run_pytest(session, *test_dirs, "conformance/meta", "-m", "slow", *rest)
+    run_pytest(stack, *test_dirs, "conformance/meta", "-m", "slow", *rest)
     session.env["SHARDSPEC_IMPL"] = "shardspec"
-    run_pytest(session, "conformance/tests", "-m", "slow", *rest)
+    run_pytest(stack, "conformance/tests", "-m", "slow", *rest)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def conformance(session: nox.Session) -> None:
     """The conformance suite against shardspec, on gloo ranks (world sizes 1-4)."""
-    rest = install_stack(session)
+    stack = install_stack(session)
+    _, rest = split_args(session)
     session.env["SHARDSPEC_IMPL"] = "shardspec"
     # The faults area's 2 GiB state dict is marked slow (`nox -s slow` runs it).
     select = [] if "-m" in rest else ["-m", "not slow"]
-    run_pytest(session, "conformance/tests", *select, *rest)
+    run_pytest(stack, "conformance/tests", *select, *rest)
 
 
 # World sizes `conformance_scale` simulates, and the areas it runs there (dtensor: meshes of
@@ -141,33 +270,36 @@ SCALE_AREAS = (
 # flattened moves run at these sizes as one program (LOCAL_TESTS).
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def coverage(session: nox.Session) -> None:
     """Branch coverage of packages/*/src by `nox -s conformance` alone (the same tests and
     examples; pool ranks and simulated ranks measured too), per module; fails under the floor
     in pyproject.toml's [tool.coverage.report] and prints conformance/coverage-allow.txt, the
     public functions' branches left uncovered on purpose, one reason each."""
-    rest = install_stack(session, "coverage[toml]>=7.10")
+    stack = install_stack(session, "coverage[toml]>=7.10")
+    _, rest = split_args(session)
     session.env["SHARDSPEC_IMPL"] = "shardspec"
     # measured ranks run slower: a pool timeout would fail a test and hide what it reaches
     session.env["SHARDSPEC_POOL_TIMEOUT"] = os.environ.get("SHARDSPEC_POOL_TIMEOUT", "60")
     shutil.rmtree(ROOT / ".coverage-conformance", ignore_errors=True)
     select = [] if "-m" in rest else ["-m", "not slow"]
     # pool ranks end with os._exit, after saving their data (shardspec.testing.worker)
-    session.run("coverage", "run", "-m", "pytest", "conformance/tests", *select, *rest)
-    session.run("coverage", "combine", "-q")
+    cov = [stack.python, "-m", "coverage"]
+    session.run(*cov, "run", "-m", "pytest", "conformance/tests", *select, *rest)
+    session.run(*cov, "combine", "-q")
     session.log(
         "Uncovered on purpose (conformance/coverage-allow.txt):\n"
         + (ROOT / "conformance" / "coverage-allow.txt").read_text()
     )
-    session.run("coverage", "report")
+    session.run(*cov, "report")
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def conformance_launched(session: nox.Session) -> None:
     """The conformance suite under torchrun: launcher rank 0 runs pytest, ranks 1-4 are the
     pools (gloo on loopback; 5 processes, so world sizes 1-4 as in `conformance`)."""
-    rest = install_stack(session)
+    stack = install_stack(session)
+    _, rest = split_args(session)
     session.env["SHARDSPEC_IMPL"] = "shardspec"
     # Launcher ranks cannot be restarted after a timeout, so a slow machine must not cause one.
     session.env["SHARDSPEC_POOL_TIMEOUT"] = os.environ.get("SHARDSPEC_POOL_TIMEOUT", "60")
@@ -175,7 +307,7 @@ def conformance_launched(session: nox.Session) -> None:
     # As in `conformance`: the tests marked slow run in `nox -s slow`; a `-m` of your own wins.
     select = [] if "-m" in rest else ["-m", "not slow"]
     session.run(
-        "torchrun",
+        str(stack.bin / "torchrun"),
         "--standalone",
         f"--nproc-per-node={nproc}",
         "-m",
@@ -188,14 +320,15 @@ def conformance_launched(session: nox.Session) -> None:
     )
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def conformance_scale(session: nox.Session) -> None:
     """The reshard, dtensor, fsdp (HSDP x TP, 3-D and 4-D meshes) and validation areas on
     simulated worlds of 8 to 1024 ranks (threads on torch's threaded process group), DCP round
     trips between worlds of up to 64 of them, and
     DTensor's moves and chunk lists as one program for every rank (LocalTensorMode), against
     shardspec and against torch."""
-    rest = install_stack(session)
+    stack = install_stack(session)
+    _, rest = split_args(session)
     session.env["SHARDSPEC_SIM_WORLDS"] = os.environ.get("SHARDSPEC_SIM_WORLDS", SCALE_WORLDS)
     session.env["SHARDSPEC_LOCAL_WORLDS"] = os.environ.get("SHARDSPEC_LOCAL_WORLDS", SCALE_WORLDS)
     session.env["HYPOTHESIS_PROFILE"] = "short"
@@ -204,16 +337,17 @@ def conformance_scale(session: nox.Session) -> None:
     session.env["SHARDSPEC_EXAMPLES"] = os.environ.get("SHARDSPEC_EXAMPLES", SCALE_EXAMPLES)
     for impl in os.environ.get("SHARDSPEC_SCALE_IMPLS", "shardspec,torch").split(","):
         session.env["SHARDSPEC_IMPL"] = impl
-        run_pytest(session, *SCALE_AREAS, "-p", "no:cacheprovider", *rest)
+        run_pytest(stack, *SCALE_AREAS, "-p", "no:cacheprovider", *rest)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def conformance_upstream(session: nox.Session) -> None:
     """The conformance suite against upstream torch; writes conformance-report.{md,json}."""
-    rest = install_stack(session)
-    install_torchrec(session)  # so the report covers TorchRec's plan helpers too
+    # with TorchRec, so the report covers TorchRec's plan helpers too
+    stack = install_stack(session, torchrec=True)
+    _, rest = split_args(session)
     session.env["SHARDSPEC_IMPL"] = "torch"
-    session.run("python", "-m", "conformance.report", "--out", "conformance-report", *rest)
+    session.run(stack.python, "-m", "conformance.report", "--out", "conformance-report", *rest)
 
 
 MATRIX_RELEASES = "2.13.0,2.14.1,2.15.0"
@@ -284,12 +418,12 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on every package's src/."""
-    install_stack(session, "mypy==2.4.1", "numpy")
+    stack = install_stack(session, "mypy==2.4.1", "numpy")
     srcs = [str(p / "src") for p in packages()]
-    session.run("mypy", *srcs)
+    session.run(stack.python, "-m", "mypy", *srcs)
 
 
 @nox.session
@@ -299,22 +433,24 @@ def spec(session: nox.Session) -> None:
     session.run("python", "spec/trace.py", *args, *session.posargs, external=True)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
     """Benchmarks, reported as ratios against baselines measured in the same run."""
-    rest = install_stack(session)
+    stack = install_stack(session)
+    _, rest = split_args(session)
     scripts = sorted(str(p) for pkg in packages() for p in (pkg / "benchmarks").glob("bench_*.py"))
     scripts += sorted(str(p) for p in (ROOT / "conformance").glob("bench_*.py"))
     for script in scripts:
-        session.run("python", script, *rest)
+        session.run(stack.python, script, *rest)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def torchrec(session: nox.Session) -> None:
-    """TorchRec 1.8 on CPU: the shardspec.torchrec tests and conformance area with it."""
-    rest = install_stack(session)
-    install_torchrec(session)
-    run_pytest(session, "packages/torchrec/tests", "conformance/tests", "-k", "torchrec", *rest)
+    """TorchRec on CPU (1.8.0 with torch 2.13, 1.9.2 with 2.14; `--torchrec=X` picks another):
+    the shardspec.torchrec tests and conformance area with it."""
+    stack = install_stack(session, torchrec=True)
+    _, rest = split_args(session)
+    run_pytest(stack, "packages/torchrec/tests", "conformance/tests", "-k", "torchrec", *rest)
 
 
 def distribution(pkg: Path) -> tuple[str, str, list[str]]:

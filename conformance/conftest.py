@@ -2,8 +2,9 @@
 
 - ``--impl`` (or ``SHARDSPEC_IMPL``) picks the implementation under test; ``--pool-timeout``
   (or ``SHARDSPEC_POOL_TIMEOUT``) the per-example timeout of the rank pool.
-- ``@pytest.mark.known_defect(impl, reason, issue=None)`` on a test turns into
-  ``xfail(strict=True)`` when that implementation is under test.
+- ``@pytest.mark.known_defect(impl, reason, issue=None, raises=None, match=None)`` on a test
+  turns into ``xfail(strict=True, raises=raises)`` when that implementation is under test,
+  whose failure must match ``match`` (CONF-14).
 - Tests whose every example was unsupported are skipped with "unsupported by <impl>: ...".
 - Under ``SHARDSPEC_BACKEND=nccl`` without enough GPUs every pool test skips with the reason.
 """
@@ -55,8 +56,9 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["SHARDSPEC_POOL_TIMEOUT"] = str(timeout)
     config.addinivalue_line(
         "markers",
-        "known_defect(impl, reason, issue=None): a known defect of that implementation; "
-        "xfail(strict=True) when it is under test",
+        "known_defect(impl, reason, issue=None, raises=None, match=None): a known defect of "
+        "that implementation; xfail(strict=True, raises=raises) when it is under test, whose "
+        "failure's message must match `match`",
     )
     config.addinivalue_line("markers", "pool: the test dispatches examples to the rank pool")
 
@@ -82,7 +84,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             issue = mark.kwargs.get("issue")
             if impl == current:
                 text = f"upstream: {reason}" + (f" (pytorch {issue})" if issue else "")
-                item.add_marker(pytest.mark.xfail(strict=True, reason=text))
+                # raises/match: the failure the defect shows (CONF-14); the root conftest
+                # fails an expected failure whose message does not match
+                raises = mark.kwargs.get("raises")
+                item.add_marker(pytest.mark.xfail(strict=True, reason=text, raises=raises))
+                if "match" in mark.kwargs:
+                    item.add_marker(pytest.mark.failure_matches(mark.kwargs["match"]))
 
 
 @pytest.hookimpl(wrapper=True)

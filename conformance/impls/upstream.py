@@ -254,12 +254,17 @@ class TorchImpl(Impl):
         local_size: int,
         params: dict[str, Any],
     ) -> Layout:
-        try:
-            import torch
-            from torchrec.distributed import sharding_plan as sp
-            from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-        except ImportError as e:
-            raise self.unsupported(f"TorchRec is not installed ({e})") from None
+        from shardspec.testing.optional import torchrec_error
+
+        # missing, or installed but built for another torch (OSError: undefined symbol): no
+        # verdict on TorchRec either way
+        error = torchrec_error()
+        if error is not None:
+            raise self.unsupported(error)
+        import torch
+        from torchrec.distributed import sharding_plan as sp
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
         from shardspec.torchrec import layout_from_parameter_sharding
 
         helpers = {

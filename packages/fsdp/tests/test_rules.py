@@ -31,6 +31,7 @@ from shardspec.metadata.placements import (
     to_split,
     to_torch,
 )
+from shardspec.testing.defects import known_failure
 
 
 def _local_from_boxes(g: torch.Tensor, boxes: tuple[Box, ...]) -> torch.Tensor:
@@ -293,10 +294,11 @@ def test_placements_hand_worked() -> None:
 
 
 @pytest.mark.rule("FSDP-5")
-@pytest.mark.xfail(
-    strict=True,
+@known_failure(
     reason="upstream: FSDP2's (_StridedShard(0, 2), Shard(0)) misdescribes 7 rows on dp=3 x "
     "tp=2 (_compute_local_shape_and_global_offset puts rank (2,0) at row 6)",
+    raises=AssertionError,
+    match=r"rank 4 \(2, 0\): \(1, 10\) vs Box\(offsets=\(7, 0\), sizes=\(0, 10\)\)",
 )
 def test_upstream_fsdp2_placements_describe_fsdp2_data() -> None:
     from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
@@ -313,10 +315,11 @@ def test_upstream_fsdp2_placements_describe_fsdp2_data() -> None:
 
 
 @pytest.mark.rule("FSDP-5")
-@pytest.mark.xfail(
-    strict=True,
+@known_failure(
     reason="upstream: FSDP1 _chunk_dtensor labels TP Shard(0) params (Shard(0), Shard(0)), "
     "dp-first nested chunking, wrong for 7 rows on 2x2",
+    raises=AssertionError,
+    match=r"assert Layout\(shape=",
 )
 def test_upstream_fsdp1_claim_describes_fsdp1_data() -> None:
     truth = fsdp1_layout((7, 10), ShardDim(0), dp=2, tp_size=2)
@@ -348,7 +351,11 @@ def _tp_dtensor(shape: tuple[int, ...], tp_size: int, rank: int):  # type: ignor
 
 
 @pytest.mark.rule("FSDP-1")
-@pytest.mark.xfail(strict=True, reason="upstream: _get_box floor division (pytorch PR #188947)")
+@known_failure(
+    reason="upstream: _get_box floor division (pytorch PR #188947)",
+    raises=AssertionError,
+    match=r"\(\(2, 0\), \(2, 4\)\) == \(\(3, 0\), \(2, 4\)\)",
+)
 def test_upstream_get_box_5_rows_on_2_ranks() -> None:
     from fsdp_fake import fake_world
     from torch.distributed.tensor.parallel.fsdp import _get_local_box
@@ -360,8 +367,10 @@ def test_upstream_get_box_5_rows_on_2_ranks() -> None:
 
 
 @pytest.mark.rule("FSDP-1")
-@pytest.mark.xfail(
-    strict=True, reason="upstream: _chunk_tensor overlap error for 7 rows on 3 (PR #188947)"
+@known_failure(
+    reason="upstream: _chunk_tensor overlap error for 7 rows on 3 (PR #188947)",
+    raises=ValueError,
+    match=r"shard_offsets=\[2, 0\], shard_sizes=\[3, 10\].* overlap",
 )
 def test_upstream_chunk_tensor_7_rows_on_3_ranks() -> None:
     import torch.distributed as dist

@@ -28,7 +28,8 @@ from torch.distributed.tensor.placement_types import _StridedShard
 
 from shardspec.metadata import Box, Layout, Shard as LShard, chunk_layout
 from shardspec.reshard import reference
-from shardspec.testing import RankPool, get_pool
+from shardspec.testing import RankCrash, RankError, RankPool, get_pool
+from shardspec.testing.defects import known_failure
 
 WORLD = 4
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -233,11 +234,12 @@ def test_dtensor_to_an_uneven_layout_no_placement_expresses(pool: RankPool) -> N
 
 
 @pytest.mark.rule("RESHARD-2")
-@pytest.mark.xfail(
-    strict=True,
+@known_failure(
     reason="upstream: DTensor Shard(0)->Shard(1) on CPU falls back to all_gather + chunk "
     "(torch/distributed/tensor/_collective_utils.py shard_dim_alltoall): every rank receives "
     "the whole tensor",
+    raises=AssertionError,
+    match=r"received 64 elements: \[\('all_gather_single', 64\)\]",
 )
 def test_upstream_dtensor_shard0_to_shard1_receives_only_its_share(pool: RankPool) -> None:
     full = random_tensor((8, 8), torch.float32, 2)
@@ -248,11 +250,12 @@ def test_upstream_dtensor_shard0_to_shard1_receives_only_its_share(pool: RankPoo
 
 
 @pytest.mark.rule("RESHARD-8")
-@pytest.mark.xfail(
-    strict=True,
+@known_failure(
     reason="upstream: distribute_tensor's default scatter from rank 0 misplaces shards on a "
     "mesh whose ranks are not ascending ([[3, 2], [1, 0]]): rank 0 gets coordinate (0, 0)'s "
     "data; src_data_rank=None slices correctly (found while testing the DTensor front end)",
+    raises=AssertionError,
+    match=r"rank 0: tensor\(\[0\., 1\., 2\.\]\) vs tensor\(\[33\., 34\., 35\.\]\)",
 )
 def test_upstream_distribute_tensor_on_a_permuted_mesh(pool: RankPool) -> None:
     full = torch.arange(54.0).reshape(9, 6)
@@ -272,10 +275,11 @@ def _throwaway_pool_run(fn: Any, *args: Any) -> list[Any]:
 
 
 @pytest.mark.rule("RESHARD-1")
-@pytest.mark.xfail(
-    strict=True,
+@known_failure(
     reason="upstream: ShardedTensor.reshard (reshuffle_local_shard) picks the wrong sender; "
     "gloo aborts with 'Received data size doesn't match expected size'",
+    raises=RankCrash,
+    match=r"died \(exit code -6\)",
 )
 def test_upstream_sharded_tensor_reshard_same_dim_rotated() -> None:
     full = random_tensor((12, 21), torch.float32, 1)
@@ -285,10 +289,11 @@ def test_upstream_sharded_tensor_reshard_same_dim_rotated() -> None:
 
 
 @pytest.mark.rule("RESHARD-1")
-@pytest.mark.xfail(
-    strict=True,
+@known_failure(
     reason="upstream: ShardedTensor.reshard across dims (reshard_local_shard) uses list "
     "all_to_all, which gloo rejects for uneven sizes; the ranks fail or hang",
+    raises=RankError,
+    match=r"raised in 'reshard_frontend_cases:st_upstream_reshard'",
 )
 def test_upstream_sharded_tensor_reshard_across_dims_uneven() -> None:
     full = random_tensor((12, 21), torch.float32, 1)

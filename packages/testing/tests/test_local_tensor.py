@@ -37,6 +37,21 @@ def _rank(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> tuple[A
     return {"rank": dist.get_rank()}, []
 
 
+@operation("test.local.rank_after_disable", collective=True)
+def _rank_after_disable(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[Any]]:
+    # torch's own helpers (rank_map, tensor_map, the coordinate lookup) step out of the mode
+    # and back in; since torch 2.14 each step back in installs the mode's dist.get_rank anew
+    from torch.distributed._local_tensor import enabled_local_tensor_mode
+
+    mode = enabled_local_tensor_mode()
+    assert mode is not None
+    with mode.disable():
+        pass
+    return {"rank": dist.get_rank()}, []
+
+
 @operation("test.local.raise", collective=True)
 def _raise(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> tuple[Any, list[Any]]:
     raise ValueError("a hand-made refusal")
@@ -88,6 +103,17 @@ def test_asking_for_the_one_rank_is_refused_not_answered_as_rank_0() -> None:
     with pytest.raises(SingleProgramError, match="get_rank"):
         LocalTensorPool(8, ops=OPS).run("test.local.rank")
     assert dist.get_rank is not None and not dist.is_initialized()
+
+
+@pytest.mark.rule("CONF-12")
+def test_the_refusal_holds_after_the_mode_steps_out_and_back_in() -> None:
+    import torch.distributed._local_tensor as lt
+
+    torchs = (dist.get_rank, getattr(lt, "_LocalDist", None) and lt._LocalDist.get_rank)
+    with pytest.raises(SingleProgramError, match="get_rank"):
+        LocalTensorPool(4, ops=OPS).run("test.local.rank_after_disable")
+    # and torch's own functions are back once the world is gone
+    assert (dist.get_rank, getattr(lt, "_LocalDist", None) and lt._LocalDist.get_rank) == torchs
 
 
 @pytest.mark.rule("CONF-12", "CONF-2")

@@ -10,6 +10,7 @@ import pytest
 from testing_pool_cases import (
     all_reduce_rank,
     group_device,
+    group_recorded,
     hang_on,
     raise_on,
     uneven_all_to_all,
@@ -52,6 +53,21 @@ def test_a_simulated_group_names_its_device_as_gloo_does() -> None:
         assert pool.call(group_device) == ["cpu"] * 4
     finally:
         pool.close()
+
+
+@pytest.mark.rule("CONF-10")
+def test_a_simulated_world_starts_with_torchs_flight_recorder_on() -> None:
+    """torch 2.15 attaches its flight recorder to every group that answers a device, and the
+    recorder files entries under the group's name; a threaded group answering cpu without a
+    name ("ProcessGroup name not set") did not start. The recorder stays on: where torch has
+    the hooks, every rank's group carries one."""
+    pool = SimulatedPool(3, timeout=60)
+    try:
+        got = pool.call(group_recorded)
+        assert pool.call(group_device) == ["cpu"] * 3
+    finally:
+        pool.close()
+    assert got in ([[False, False]] * 3, [[True, True]] * 3), got
 
 
 @pytest.mark.rule("CONF-2", "CONF-3", "CONF-10")

@@ -82,3 +82,12 @@ def group_device(rank: int, world: int) -> str:
     import torch.distributed as dist
 
     return str(dist.distributed_c10d._get_pg_default_device(dist.group.WORLD))
+
+
+def group_recorded(rank: int, world: int) -> list[bool]:
+    """[does this torch attach flight recorders to groups, is this rank's default group
+    recorded]: torch 2.15's init_process_group records every group that answers a device."""
+    import torch.distributed as dist
+
+    hooks = getattr(dist.distributed_c10d._world, "pg_flight_recorder_hooks", None)
+    return [hooks is not None, hooks is not None and dist.group.WORLD in hooks]

@@ -11,13 +11,15 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torchrec", reason="TorchRec is not installed (nox -s torchrec installs it)")
-pytest.importorskip("fbgemm_gpu", reason="fbgemm-gpu-cpu is not installed (nox -s torchrec)")
+from shardspec.testing.optional import import_or_skip
 
-import torchrec_cases as cases
-from torchrec_dcp_cases import load_ebc, save_ebc
+import_or_skip("torchrec", "nox -s torchrec installs it")
+import_or_skip("fbgemm_gpu", "nox -s torchrec installs fbgemm-gpu-cpu")
 
-from shardspec.metadata.cli import main
+import torchrec_cases as cases  # noqa: E402
+from torchrec_dcp_cases import load_ebc, save_ebc  # noqa: E402
+
+from shardspec.metadata.cli import main  # noqa: E402
 
 pytestmark = pytest.mark.torchrec
 

@@ -7,10 +7,12 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torchrec", reason="TorchRec is not installed (nox -s torchrec installs it)")
-pytest.importorskip("fbgemm_gpu", reason="fbgemm-gpu-cpu is not installed (nox -s torchrec)")
+from shardspec.testing.optional import import_or_skip
 
-import torchrec_cases as cases
+import_or_skip("torchrec", "nox -s torchrec installs it")
+import_or_skip("fbgemm_gpu", "nox -s torchrec installs fbgemm-gpu-cpu")
+
+import torchrec_cases as cases  # noqa: E402
 
 pytestmark = pytest.mark.torchrec
 

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from shardspec.metadata import Box, ConversionError, Layout, Shard
+from shardspec.testing.optional import import_or_skip
 from shardspec.torchrec import (
     column_wise,
     data_parallel,
@@ -23,12 +24,12 @@ from shardspec.torchrec import (
     to_parameter_sharding,
 )
 
-pytest.importorskip("torchrec", reason="TorchRec is not installed (nox -s torchrec installs it)")
+import_or_skip("torchrec", "nox -s torchrec installs it")
 
-import torch
-from torch import nn
-from torchrec.distributed import sharding_plan as sp
-from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torchrec.distributed import sharding_plan as sp  # noqa: E402
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder  # noqa: E402
 
 SHARDER = EmbeddingBagCollectionSharder()
 

@@ -106,15 +106,28 @@ def local_world(world: int) -> Iterator[Any]:
             f"(it has one of backend {dist.get_backend()!r})"
         )
     dist.init_process_group("fake", world_size=world, rank=0, store=FakeStore())
-    saved = (lt._LocalDeviceMesh.get_coordinate, dist.get_rank)
+    # Since torch 2.14 the mode installs its own dist.get_rank (a per-rank SymInt, from
+    # _LocalDist) each time it enables itself, on entry and after every `disable()`, over
+    # whatever stood there: the guard goes where the mode takes its replacement from, as
+    # get_coordinate does. torch 2.13 replaces nothing, so the guard also stands in dist.
+    local_dist = getattr(lt, "_LocalDist", None)
+    saved = (
+        lt._LocalDeviceMesh.get_coordinate,
+        dist.get_rank,
+        None if local_dist is None else local_dist.__dict__["get_rank"],
+    )
     lt._LocalDeviceMesh.get_coordinate = staticmethod(_hoisted_get_coordinate)  # type: ignore[assignment]
     dist.get_rank = _no_single_rank
+    if local_dist is not None:
+        local_dist.get_rank = staticmethod(_no_single_rank)
     try:
         with lt.LocalTensorMode(frozenset(range(world))) as mode:
             yield mode
     finally:
         lt._LocalDeviceMesh.get_coordinate = staticmethod(saved[0])  # type: ignore[assignment]
         dist.get_rank = saved[1]
+        if local_dist is not None:
+            local_dist.get_rank = saved[2]
         dist.destroy_process_group()
 
 

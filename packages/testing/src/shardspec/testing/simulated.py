@@ -34,14 +34,16 @@ __all__ = ["SimulatedPool", "get_simulated_pool", "shutdown_simulated"]
 
 _INSTALL_LOCK = threading.Lock()
 _installed = False
+_torchs_plugin: Any = None
 
 
 def _install() -> None:
     # What torch's MultiThreadedTestCase does: a thread-local process-group world, and group
     # names registered per thread (every thread's default group is named "0").
-    global _installed
+    global _installed, _torchs_plugin
     with _INSTALL_LOCK:
         if not _installed:
+            import torch.distributed as dist
             from torch.testing._internal.distributed import multi_threaded_pg
 
             torch._C._distributed_c10d._set_thread_isolation_mode(True)  # type: ignore[attr-defined]
@@ -52,10 +54,54 @@ def _install() -> None:
             # a group for its device (FSDP's _create_chunk_sharded_tensor through
             # _get_pg_default_device) raised "no backend has been registered" where a gloo
             # group answers cpu. Simulated ranks hold CPU tensors: say so, as gloo would.
-            multi_threaded_pg.ProcessLocalGroup._device_types = property(  # type: ignore[method-assign,assignment]
-                lambda self: [torch.device("cpu")]
-            )
+            plugins = dist.Backend._plugins  # type: ignore[attr-defined]
+            _torchs_plugin = plugins["THREADED"]
+            if _backend_constructible():
+                plugins["THREADED"] = _torchs_plugin._replace(
+                    creator_fn=_with_a_cpu_backend(_torchs_plugin.creator_fn)
+                )
+            else:  # torch 2.13 cannot make a Backend in Python, nor records such a group
+                multi_threaded_pg.ProcessLocalGroup._device_types = property(  # type: ignore[method-assign,assignment]
+                    lambda self: [torch.device("cpu")]
+                )
             _installed = True
+
+
+class _ThreadedCpuBackend(torch._C._distributed_c10d.Backend):  # type: ignore[misc,name-defined]
+    """The name a threaded group's CPU backend reports. Its collectives are the base class's,
+    which refuse: every collective of a threaded group is its own Python method."""
+
+    def getBackendName(self) -> str:  # the C++ virtual it overrides
+        return "threaded"
+
+
+def _backend_constructible() -> bool:
+    try:
+        _ThreadedCpuBackend(0, 1)
+    except TypeError:  # torch < 2.14: "No constructor defined"
+        return False
+    return True
+
+
+def _with_a_cpu_backend(create: Callable[..., Any]) -> Callable[..., Any]:
+    """torch's threaded-group creator returns a ProcessGroup subclass, which torch takes
+    instead of its own group with no backend registered on it: it answers no device, and has
+    no group name, which lives on the backends. torch 2.15's init_process_group attaches its
+    flight recorder to a group that answers a device, and the recorder reads the name
+    ("ProcessGroup name not set"). Register a CPU backend on the group as torch does for a
+    group it builds itself (default backend type, backend per device), so that the device
+    answer is true and torch's own _set_group_name has a place to put the name."""
+
+    def creator(store: Any, rank: int, world_size: int, timeout: Any) -> Any:
+        from torch._C._distributed_c10d import ProcessGroup
+
+        pg = create(store, rank, world_size, timeout)
+        custom = ProcessGroup.BackendType.CUSTOM
+        pg._set_default_backend(custom)
+        pg._register_backend(torch.device("cpu"), custom, _ThreadedCpuBackend(rank, world_size))
+        return pg
+
+    return creator
 
 
 def _sizes(n: int, sizes: Any, world: int) -> list[int]:
@@ -97,9 +143,11 @@ def _uninstall() -> None:
     global _installed
     with _INSTALL_LOCK:
         if _installed:
+            import torch.distributed as dist
             from torch.testing._internal.distributed import multi_threaded_pg
 
             multi_threaded_pg._uninstall_threaded_pg()  # type: ignore[no-untyped-call]
+            dist.Backend._plugins["THREADED"] = _torchs_plugin  # type: ignore[attr-defined]
             torch._C._distributed_c10d._set_thread_isolation_mode(False)  # type: ignore[attr-defined]
             _installed = False
 

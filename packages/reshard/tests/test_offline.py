@@ -56,7 +56,9 @@ def test_reshard_with_layouts_then_plain_load_on_the_target_world(
     (tmp_path / "layouts.json").write_text(json.dumps({**layouts, "plain": _whole("plain")}))
     assert main(["reshard", str(src), str(dst), "--layouts", str(tmp_path / "layouts.json")]) == 0
     assert main(["inspect", str(dst), "--no-layout"]) == 0
-    assert "all valid" in capsys.readouterr().out
+    assert "valid (metadata and file sizes)" in capsys.readouterr().out
+    assert main(["verify", str(dst), "--progress", "never"]) == 0  # every chunk reads back
+    assert capsys.readouterr().out.splitlines()[0].endswith("all valid")
     _own_files(dst, layouts)
     _loads_like_the_source(pools[2], dst, entries(ON_4, 2))
     # A rank whose tensors are all sharded without replicas reads its own file only.

@@ -425,7 +425,7 @@ def _fmt(results: dict[str, Any], label: str) -> list[str]:
         vs_floor = f"{t / floor:6.2f}x floor" if floor else ""
         vs_ours = f"{t / ours:6.2f}x shardspec" if ours else ""
         out.append(
-            f"    {m:10s} {t * 1e3:9.1f} ms  {vs_floor}  {vs_ours}  "
+            f"    {m:14s} {t * 1e3:9.1f} ms  {vs_floor}  {vs_ours}  "
             f"peak RSS +{rss / MiB:7.1f} MiB/rank{same}"
         )
     return out

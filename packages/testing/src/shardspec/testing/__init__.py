@@ -14,7 +14,7 @@ from .pool import (
     get_pool,
     shutdown_pools,
 )
-from .slowness import scaled, slowness
+from .timing import scaled, slowness
 from .world import run_world
 
 __all__ = [

@@ -28,7 +28,7 @@ from typing import Any
 from .devices import backend, device_type
 from .pool import PoolError, RankPool, _Worker
 from .protocol import recv_frame, send_frame
-from .slowness import scaled
+from .timing import scaled
 
 __all__ = ["LaunchedPool", "is_launched", "launched_world", "main"]
 

@@ -64,7 +64,7 @@ from .devices import backend, default_timeout, device_type
 from .loopback import loopback_store
 from .ops import function_name
 from .protocol import decode_tensor, encode_tensor, recv_frame, send_frame
-from .slowness import scaled, slowness
+from .timing import scaled, slowness
 from .values import decode_value, encode_value
 
 __all__ = [

@@ -29,7 +29,7 @@ import torch
 
 from .ops import Context, execute, function_name, resolve_function
 from .pool import RankCrash, RankError, RankFailure, RankResult
-from .slowness import scaled, slowness
+from .timing import scaled, slowness
 
 __all__ = ["SimulatedPool", "get_simulated_pool", "shutdown_simulated"]
 

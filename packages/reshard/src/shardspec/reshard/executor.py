@@ -10,8 +10,10 @@ How one call runs on every rank of the group:
    of keys, shapes, layouts and ``max_buffer_bytes``, each rank's input verdict, and (when
    it knows every dtype) a digest of the dtypes and the rounds it needs are all-gathered:
    usually the only extra collective.
-   Otherwise the dtypes are gathered and the rounds all-reduced. Any problem raises the same
-   error on every rank before data moves.
+   Otherwise the dtypes are gathered and the rounds all-reduced. With ``check_replicas``, one
+   more all-gather compares a digest of every replicated source shard (RESHARD-13). Any
+   problem raises the same error on every rank before data moves; an error several ranks
+   share is shown once, after its ranks.
 3. Local pieces are copied directly into the outputs (never sent to another rank).
 4. Everything else travels as one byte stream per (sender, receiver) pair: the pieces of
    every tensor in key order, then wire order, each starting at a multiple of its own element

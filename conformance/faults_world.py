@@ -20,6 +20,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from shardspec.testing import scaled
+
 __all__ = ["run_world"]
 
 Verdict = dict[str, Any]
@@ -59,7 +61,8 @@ def run_world(
 ) -> list[Verdict | None]:
     """Run ``scenario(rank, world, **kwargs)`` on ``world`` fresh gloo ranks; each rank's
     verdict (a JSON-able dict, or ``{"error": ..., "message": ...}`` if it raised), or None
-    for a rank that wrote none within ``deadline`` seconds. ``scenario`` must be a
+    for a rank that wrote none within ``deadline`` seconds (for an idle machine: stretched by
+    ``shardspec.testing.slowness``). ``scenario`` must be a
     module-level function (the ranks are spawned)."""
     import torch.multiprocessing as mp
 
@@ -71,7 +74,7 @@ def run_world(
         ]
         for p in procs:
             p.start()
-        end = time.monotonic() + deadline
+        end = time.monotonic() + scaled(deadline)  # longer on a loaded machine
         for p in procs:
             p.join(max(0.0, end - time.monotonic()))
         for p in procs:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from shardspec.testing import scaled
+
 ROOT = Path(__file__).resolve().parents[2]
 # What each example prints once it has checked its own result; a new example says it here.
 SUCCESS_LINE = {
@@ -20,7 +22,7 @@ SUCCESS_LINE = {
 def test_example_runs_on_four_ranks(script: Path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
     done = subprocess.run(
-        [*cmd, str(script)], capture_output=True, text=True, timeout=300, check=False
+        [*cmd, str(script)], capture_output=True, text=True, timeout=scaled(300), check=False
     )
     assert done.returncode == 0, (
         f"{script.name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"

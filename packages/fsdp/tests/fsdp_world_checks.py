@@ -4,6 +4,7 @@ per-entry check are shared with the conformance suite (``shardspec.testing.fsdp_
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -404,7 +405,26 @@ def three_by_two_world(rank: int, world: int, ckpt1: str, ckpt2: str) -> dict[st
     hooks = hooks_random_world(rank, world, 3, 2, random_cases(1, 60))
     out["hooks_random"] = hooks["hooks_random"]
     out["facts"]["hooks_kinds"] = hooks["facts"]["kinds"]
+    out["facts"]["resume_fsdp2_dp3_tp2"] = _resume_misdescribed_source(world)
     return out
+
+
+def _resume_misdescribed_source(world: int) -> str:
+    """reshard_for from FSDP2 + TP on dp=3 x tp=2 (whose placements misdescribe 7 rows) to
+    FSDP2 on dp=6: the error every rank raises."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from shardspec.fsdp import reshard_for
+
+    mesh = init_device_mesh("cpu", (3, 2), mesh_dim_names=("dp", "tp"))
+    src = _fsdp2(make_model(), mesh["dp"], mesh["tp"])
+    flat = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    dst = _fsdp2(make_model(seed=5), flat)
+    try:
+        reshard_for(dst, src.state_dict())
+        return "no error"
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
 
 
 def _check_pieces(
@@ -754,6 +774,26 @@ def resume_world(rank: int, world: int) -> dict[str, Any]:
         out["resume_shape_error"] = "no error"
     except Exception as e:
         out["resume_shape_error"] = f"{type(e).__name__}: {e}"
+    # One rank's Adam state of another dtype: the error names it as the user knows it
+    # ("optimizer state 'exp_avg' of parameter '0.bias'"), once for the ranks that agree.
+    from torch.distributed.tensor import DTensor
+
+    spoiled = copy.deepcopy(osd)
+    if rank == 1:
+        v = spoiled["state"]["0.bias"]["exp_avg"]
+        spoiled["state"]["0.bias"]["exp_avg"] = DTensor.from_local(
+            v.to_local().double(),
+            v.device_mesh,
+            v.placements,
+            run_check=False,
+            shape=v.shape,
+            stride=v.stride(),
+        )
+    try:
+        reshard_for(_fsdp2(make_model(seed=8), dp4), msd, spoiled)
+        out["facts"]["resume_dtype_error"] = "no error"
+    except Exception as e:
+        out["facts"]["resume_dtype_error"] = f"{type(e).__name__}: {e}"
     # The group still works: nothing is left half-sent.
     t = torch.ones(1)
     torch.distributed.all_reduce(t)

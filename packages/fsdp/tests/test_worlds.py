@@ -243,6 +243,20 @@ def test_upstream_fsdp2_dcp_round_trip_dp3_tp2(three_by_two) -> None:  # type: i
     assert all(v == [] for v in facts.values()), facts
 
 
+@pytest.mark.rule("FSDP-5", "FSDP-12")
+def test_resume_from_fsdp2_dp3_tp2_names_the_upstream_defect(three_by_two) -> None:  # type: ignore[no-untyped-def]
+    """reshard_for cannot read FSDP2's misdescribed 7 rows; every rank says why, naming the
+    parameter, the defect and what to do, instead of "local shard #0 on rank 4 has shape"."""
+    errors = {r: rep["facts"]["resume_fsdp2_dp3_tp2"] for r, rep in three_by_two.items()}
+    assert len(set(errors.values())) == 1, errors
+    msg = errors[0]
+    for needle in ("'0.weight'", "fsdp2-tp-dcp-save-dp3-tp2", "FSDP1", "no data was moved"):
+        assert needle in msg, (needle, msg)
+    assert msg.count("fsdp2-tp-dcp-save-dp3-tp2") == 1, (
+        f"one copy for the ranks that share it: {msg}"
+    )
+
+
 @pytest.mark.rule("FSDP-5", "FSDP-6", "FSDP-8")
 def test_hooks_on_random_parameters_3x2(three_by_two) -> None:  # type: ignore[no-untyped-def]
     _assert_clean(three_by_two, "hooks_random")
@@ -286,3 +300,15 @@ def test_resume_shape_mismatch_raises_on_every_rank_naming_the_parameter(resume)
         assert "'0.weight'" in rep["resume_shape_error"], (r, rep["resume_shape_error"])
         assert "no data was moved" in rep["resume_shape_error"], (r, rep["resume_shape_error"])
         assert rep["facts"]["after_error_all_reduce"] == WORLD
+    msg = resume[0]["resume_shape_error"]
+    assert "ranks 0-3: " in msg and msg.count("'0.weight'") == 1, f"one copy, not 4: {msg}"
+
+
+@pytest.mark.rule("FSDP-12", "RESHARD-5")
+def test_resume_errors_name_optimizer_states_as_the_user_wrote_them(resume) -> None:  # type: ignore[no-untyped-def]
+    errors = {rep["facts"]["resume_dtype_error"] for rep in resume.values()}
+    assert len(errors) == 1, errors
+    msg = errors.pop()
+    assert "optimizer state 'exp_avg' of parameter '0.bias'" in msg, msg
+    assert "\0" not in msg and "\\x00" not in msg, msg
+    assert "torch.float64 on rank 1" in msg, msg

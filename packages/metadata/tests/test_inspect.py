@@ -19,6 +19,7 @@ from shardspec.metadata import Box, Layout, Shard, chunk_layout
 from shardspec.metadata.cli import main
 from shardspec.metadata.dcp import to_tensor_storage_metadata
 from shardspec.metadata.dcp_metadata import RefusedGlobal, read_metadata
+from shardspec.testing import scaled
 
 torch = pytest.importorskip("torch")
 from torch.distributed.checkpoint.filesystem import _StorageInfo  # noqa: E402
@@ -308,7 +309,7 @@ def test_a_hostile_metadata_file_runs_nothing(
         [sys.executable, "-m", "shardspec.metadata", "inspect", str(ck)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
     )
     assert proc.returncode == 2 and refused in proc.stderr
     assert not marker.exists()

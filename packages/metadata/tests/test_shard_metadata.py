@@ -33,6 +33,7 @@ from shardspec.metadata import (
     to_sharding_spec,
 )
 from shardspec.metadata.strategies import chunk_layouts, shapes, valid_layouts
+from shardspec.testing import scaled
 from shardspec.testing.defects import known_failure
 
 DTYPES = [
@@ -314,7 +315,9 @@ def test_importing_the_package_does_not_import_torch() -> None:
         "f(m.chunk_layout((4,), 0, [0])); assert 'torch' in sys.modules; "
         "assert 'to_sharding_spec' in dir(m) and 'to_chunk_list' in dir(m)"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=scaled(120)
+    )
     assert done.returncode == 0, done.stderr
 
 

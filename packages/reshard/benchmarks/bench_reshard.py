@@ -10,6 +10,10 @@ Shard(0) to Shard(1), even and uneven shapes, and a 1000-tensor state dict, by
   gloo there, RESHARD-1),
 * ``dcp``       ``torch.distributed.checkpoint`` save, then load into the new layout (temp dir).
 
+The cost of ``check_replicas=True`` (RESHARD-13): a tensor replicated on every rank, resharded
+to Shard(1) by ``shardspec`` (replicas trusted) and ``check_replicas`` (every replica hashed
+and the digests all-gathered first); its ratio to ``shardspec`` is the price of the check.
+
 Reported per case: the best wall time over the repeats (each repeat's time is the slowest
 rank's; the methods run in turn, after one untimed warm-up each, and the minimum is what
 survives the load of a shared machine), its ratio to the floor and to shardspec, and the
@@ -319,6 +323,23 @@ def bench_state_dict(
     return _run_table(table, methods, reps, lambda a, b: all(torch.equal(a[k], b[k]) for k in b))
 
 
+def bench_replicas(rank: int, world: int, shape: tuple[int, int], reps: int) -> dict[str, Any]:
+    torch.manual_seed(0)  # the same bytes on every rank: the replicas agree
+    full = torch.randn(shape)
+    src = Layout.replicated(shape, range(world))
+    dst = chunk_layout(shape, 1, range(world))
+
+    def run_trusted() -> torch.Tensor:
+        return reshard([full], src, dst)[0]
+
+    def run_checked() -> torch.Tensor:
+        return reshard([full], src, dst, check_replicas=True)[0]
+
+    table = {"shardspec": run_trusted, "check_replicas": run_checked}
+    methods = list(table)
+    return _run_table(table, methods, reps, lambda a, b: bool(torch.equal(a, b)))
+
+
 # ---------------------------------------------------------------- planning
 
 
@@ -404,7 +425,7 @@ def _fmt(results: dict[str, Any], label: str) -> list[str]:
         vs_floor = f"{t / floor:6.2f}x floor" if floor else ""
         vs_ours = f"{t / ours:6.2f}x shardspec" if ours else ""
         out.append(
-            f"    {m:10s} {t * 1e3:9.1f} ms  {vs_floor}  {vs_ours}  "
+            f"    {m:14s} {t * 1e3:9.1f} ms  {vs_floor}  {vs_ours}  "
             f"peak RSS +{rss / MiB:7.1f} MiB/rank{same}"
         )
     return out
@@ -462,6 +483,21 @@ def main() -> None:
                                 _fmt(merged, f"{mib} MiB {shape} Shard(0)->Shard(1), {kind}{note}")
                             )
                         )
+                for mib in sizes:
+                    shape = tensor_shape(mib, world, True)
+                    per_rank = pool.call(f"{me}:bench_replicas", shape, args.reps)
+                    merged = {
+                        m: {
+                            "times": [
+                                max(r[m]["times"][i] for r in per_rank) for i in range(args.reps)
+                            ],
+                            "rss": [r[m]["rss"] for r in per_rank],
+                            "same": [r[m]["same"] for r in per_rank],
+                        }
+                        for m in per_rank[0]
+                    }
+                    label = f"{mib} MiB {shape} replicated on every rank -> Shard(1)"
+                    print("\n".join(_fmt(merged, label)))
                 n = 1000
                 per_rank = pool.call(f"{me}:bench_state_dict", n, sd_side, methods, args.reps, tmp)
                 merged = {

@@ -142,3 +142,14 @@ def all_raise(answers: list[Any], *needles: str) -> str:
     for n in needles:
         assert n in msg, f"{n!r} not in {msg!r}"
     return msg
+
+
+def run_state_dict_kwargs(
+    rank: int,
+    world: int,
+    state: dict[str, list[torch.Tensor]],
+    src: dict[str, Layout],
+    dst: dict[str, Layout],
+    kwargs: dict[str, Any],
+) -> dict[str, list[torch.Tensor]]:
+    return reshard_state_dict(state, src, dst, **kwargs)

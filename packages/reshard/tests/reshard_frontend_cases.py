@@ -168,3 +168,28 @@ def dt_distribute_scatter(
     scattered = distribute_tensor(full, m, placements).to_local().clone()
     sliced = distribute_tensor(full, m, placements, src_data_rank=None).to_local().clone()
     return scattered, sliced
+
+
+def dt_reshard_warnings(
+    rank: int,
+    world: int,
+    full: torch.Tensor,
+    src_mesh: Any,
+    src_placements: Any,
+    dst_mesh: Any,
+    dst_placements: Any,
+) -> tuple[list[str], bool, bool]:
+    """The warnings our reshard of a DTensor gives, whether its local shard is right, and
+    whether torch's own full_tensor() of the result is."""
+    import warnings
+
+    from torch.distributed.tensor import distribute_tensor
+
+    dt = distribute_tensor(full, _mesh(src_mesh), src_placements, src_data_rank=None)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = reshard_dtensor(dt, _mesh(dst_mesh), dst_placements)
+    want = distribute_tensor(full, _mesh(dst_mesh), dst_placements, src_data_rank=None)
+    mine = [str(w.message) for w in seen if issubclass(w.category, UserWarning)]
+    torch_full = bool(torch.equal(out.full_tensor(), full))
+    return mine, bool(torch.equal(out.to_local(), want.to_local())), torch_full

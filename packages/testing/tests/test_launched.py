@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from shardspec.testing import scaled
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -33,6 +35,8 @@ def test_the_driver_runs_pytest_and_the_other_launcher_ranks_are_its_pools() -> 
         "-p",
         "no:cacheprovider",
     ]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+    out = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=scaled(600), check=False
+    )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert "1 passed" in out.stdout, out.stdout[-4000:]

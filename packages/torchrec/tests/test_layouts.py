@@ -14,6 +14,7 @@ from torchrec_oracle import (
 )
 
 from shardspec.metadata import Box, LayoutError
+from shardspec.testing import scaled
 from shardspec.torchrec import (
     column_block_size,
     column_wise,
@@ -42,7 +43,13 @@ def test_importing_does_not_import_torch() -> None:
     import subprocess
 
     code = "import sys, shardspec.torchrec; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=scaled(120),
+    )
     assert out.stdout.strip() == "False"
 
 

@@ -63,6 +63,33 @@ def _empty_like_entry(value: Any, dtype: torch.dtype | None = None) -> Any:
     return torch.empty_like(value, dtype=dtype or value.dtype)
 
 
+# The agreement record carries about 470 bytes of a rank's message: the defect comes first and
+# short; the docstring and the README explain it.
+FSDP2_DEFECT = (
+    "FSDP2 + TP mislabels a parameter whose TP shard FSDP splits unevenly (upstream defect: "
+    "spec FSDP-5, conformance/repros/fsdp2-tp-dcp-save-dp3-tp2.py)"
+)
+
+
+def _check_described(what: str, value: DTensor, local: list[torch.Tensor], layout: Layout) -> None:
+    """Refuse a DTensor whose placements give this rank other shapes than its data has, with
+    the FSDP2 defect named where it is the cause (the executor would only see the shapes)."""
+    want = [b.sizes for b in layout.boxes_of(dist.get_rank())]
+    if [tuple(t.shape) for t in local] == want:
+        return
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    # No shapes in the message: they differ from rank to rank, and the ranks that share this
+    # fault then share one line of the agreed error.
+    where = f"its placements {tuple(value.placements)} on mesh {tuple(value.device_mesh.shape)}"
+    if any(isinstance(p, _StridedShard) for p in value.placements):
+        raise ConversionError(
+            f"{what}: {FSDP2_DEFECT}: {where} do not give this rank its local tensor's shape. "
+            "Save the source with FSDP1 and shardspec.fsdp.install (exact boxes) instead"
+        )
+    raise ConversionError(f"{what}: {where} do not give this rank its local tensor's shape")
+
+
 def _replicated(shape: tuple[int, ...], world: list[int]) -> Layout:
     return Layout(shape, [Shard(Box.full(shape), r) for r in world])
 
@@ -85,9 +112,14 @@ class _Batch:
         self.src: dict[str, Layout] = {}
         self.dst: dict[str, Layout] = {}
         self.out: dict[str, list[torch.Tensor]] = {}
+        # How the reshard's messages name each entry: the user's FQN and state name, never
+        # the internal key
+        self.names: dict[str, str] = {}
 
     def add(self, key: str, what: str, source: Any, fresh: Any) -> None:
         s_local, s_layout = self._read(source)
+        if isinstance(source, DTensor):
+            _check_described(what, source, s_local, s_layout)
         d_local, d_layout = self._read(fresh)
         if s_layout.shape != d_layout.shape:
             raise ConversionError(
@@ -104,6 +136,7 @@ class _Batch:
                 )
         self.local[key], self.src[key] = s_local, s_layout
         self.out[key], self.dst[key] = d_local, d_layout
+        self.names[key] = what
 
     def _read(self, value: Any) -> tuple[list[torch.Tensor], Layout]:
         if _is_sharded(value):
@@ -122,8 +155,15 @@ def reshard_for(
     group: dist.ProcessGroup | None = None,
     max_buffer_bytes: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The source state dicts resharded for ``model`` (FSDP1 or FSDP2, with or without TP, on
-    any mesh): ``(model_state_dict, optim_state_dict)`` laid out as ``model``'s own.
+    """The source state dicts resharded for ``model`` (FSDP1 or FSDP2, with or without TP):
+    ``(model_state_dict, optim_state_dict)`` laid out as ``model``'s own.
+
+    Any mesh shape on either side, with one limit that comes from FSDP2 itself: an FSDP2 + TP
+    source whose TP shard FSDP splits unevenly (7 rows on dp=3 x tp=2) carries placements
+    that describe another layout than its data, and is refused on every rank naming the
+    parameter and this defect (spec FSDP-5); such a source is read exactly when saved with
+    FSDP1 and :func:`shardspec.fsdp.install`. :func:`shardspec.fsdp.placements_for_fsdp` says
+    whether a shape, dp and tp have exact FSDP2 placements.
 
     ``model_state_dict`` / ``optim_state_dict`` are what ``get_model_state_dict`` /
     ``get_optimizer_state_dict`` returned for the source (DTensor, ShardedTensor or plain
@@ -170,7 +210,13 @@ def reshard_for(
     from shardspec.reshard import reshard_state_dict
 
     reshard_state_dict(
-        batch.local, batch.src, batch.dst, group, out=batch.out, max_buffer_bytes=max_buffer_bytes
+        batch.local,
+        batch.src,
+        batch.dst,
+        group,
+        out=batch.out,
+        max_buffer_bytes=max_buffer_bytes,
+        names=batch.names,
     )
     return model_out, optim_out
 

@@ -1,8 +1,9 @@
 """The collective checks that run before any data moves.
 
 Every rank all-gathers one fixed-size record: the number of this call on the group, four short
-digests (keys and shapes, source layouts, destination layouts, ``max_buffer_bytes``) and the
-result of its own input checks.
+digests (keys and shapes, source layouts, destination layouts, ``max_buffer_bytes`` with
+``check_replicas``) and the result of its own input checks. With ``check_replicas`` a second
+all-gather compares a digest of every replicated source shard (:func:`agree_on_replicas`).
 Every rank then applies the same rule to the same gathered bytes, so they all raise the same
 :class:`ReshardError`, or all go on. A disagreement therefore ends in an error that names the
 ranks and what they disagree on, never in a hang or a gloo size-mismatch abort. The records
@@ -13,13 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from shardspec.metadata import Layout
 
-from .errors import ReshardError
+from .errors import ReshardError, rank_ranges
 
 if TYPE_CHECKING:
     import torch
@@ -29,14 +31,23 @@ __all__ = [
     "DIGEST_PARTS",
     "agree_on_dtypes",
     "agree_on_inputs",
+    "agree_on_replicas",
     "digests",
     "dtype_code",
     "dtype_from_code",
     "dtypes_digest",
+    "key_name",
     "next_call",
+    "replica_digests",
+    "shared_problems",
 ]
 
-DIGEST_PARTS = ("keys and shapes", "source layouts", "destination layouts", "max_buffer_bytes")
+DIGEST_PARTS = (
+    "keys and shapes",
+    "source layouts",
+    "destination layouts",
+    "max_buffer_bytes and check_replicas",
+)
 _DIGEST = 8
 # knows every dtype, digest of the dtypes, rounds this rank needs, number of the call
 _TAIL = 1 + _DIGEST + 8 + 8
@@ -88,14 +99,16 @@ def digests(
     src: Mapping[str, Layout],
     dst: Mapping[str, Layout],
     max_buffer_bytes: int | None,
+    check_replicas: bool = False,
 ) -> bytes:
-    """The four digests of what every rank must agree on, concatenated."""
+    """The four digests of what every rank must agree on, concatenated. ``check_replicas``
+    must agree too: it adds a collective (:func:`agree_on_replicas`)."""
     return b"".join(
         [
             _digest([[k, list(src[k].shape)] for k in keys]),
             _layout_digest([src[k] for k in keys]),
             _layout_digest([dst[k] for k in keys]),
-            _digest(max_buffer_bytes),
+            _digest([max_buffer_bytes, bool(check_replicas)]),
         ]
     )
 
@@ -136,6 +149,16 @@ def next_call(group: dist.ProcessGroup | None) -> int:
     n = _CALLS.get(pg, 0) + 1
     _CALLS[pg] = n
     return n
+
+
+def key_name(key: str, names: Mapping[str, str] | None = None) -> str:
+    """How messages name tensor ``key``: ``names[key]`` when given (a caller's own words, such
+    as "optimizer state 'exp_avg' of parameter '0.bias'" for a key built from them), "the
+    tensor" for the one tensor of :func:`shardspec.reshard.reshard` (whose key is empty),
+    else ``tensor 'key'``."""
+    if names is not None and names.get(key):
+        return names[key]
+    return f"tensor {key!r}" if key else "the tensor"
 
 
 def dtypes_digest(codes: Sequence[int]) -> bytes:
@@ -183,29 +206,29 @@ def agree_on_inputs(
         by_call: dict[int, list[int]] = {}
         for rank, c in enumerate(calls):
             by_call.setdefault(c, []).append(rank)
-        sides = " vs ".join(f"ranks {r} at call {c}" for c, r in sorted(by_call.items()))
+        sides = " vs ".join(f"{rank_ranges(r)} at call {c}" for c, r in sorted(by_call.items()))
         raise ReshardError(
             f"reshard: the ranks are in different calls on this group ({sides}): a rank left "
             "an earlier call early (its error was caught and the call retried) or called "
             "reshard fewer times. No data was moved; every rank raised this error, and the "
             "group is usable again."
         )
-    problems = []
+    problems: dict[int, str] = {}
     for rank, rec in enumerate(records):
         if rec[n]:
             length = int.from_bytes(rec[n + 1 : n + 5], "little")
-            problems.append(
-                f"rank {rank}: {rec[n + 5 : n + 5 + length].decode('utf-8', 'replace')}"
-            )
+            problems[rank] = rec[n + 5 : n + 5 + length].decode("utf-8", "replace")
     if problems:
-        raise ReshardError("reshard: bad input, no data was moved; " + "; ".join(problems))
+        raise ReshardError("reshard: bad input, no data was moved; " + shared_problems(problems))
     for part, name in enumerate(DIGEST_PARTS):
         lo, hi = part * _DIGEST, (part + 1) * _DIGEST
         groups: dict[bytes, list[int]] = {}
         for rank, rec in enumerate(records):
             groups.setdefault(rec[lo:hi], []).append(rank)
         if len(groups) > 1:
-            sides = " vs ".join(f"ranks {ranks} (digest {d.hex()})" for d, ranks in groups.items())
+            sides = " vs ".join(
+                f"{rank_ranges(ranks)} (digest {d.hex()})" for d, ranks in groups.items()
+            )
             raise ReshardError(
                 f"reshard: the ranks disagree on the {name}: {sides}; every rank of the group "
                 "must pass the same src, dst, shapes and max_buffer_bytes. No data was moved."
@@ -219,6 +242,30 @@ def agree_on_inputs(
             for rec in records
         )
     return None
+
+
+# Messages shown in full; the others are counted. Distinct messages from a thousand ranks (each
+# names its own shapes) would otherwise make one error a thousand lines long.
+_MAX_MESSAGES = 8
+
+
+def shared_problems(problems: Mapping[int, str]) -> str:
+    """Each distinct message of ``{rank: message}`` once, after the ranks that raised it.
+
+    A rank's message that names the rank itself ("local shard #0 on rank 4") names "this
+    rank" instead, so that ranks with the same fault share one line:
+    ``"ranks 0-1023: max_buffer_bytes must be ..."``, ``"ranks 0, 2, 5-7: ..."``."""
+    by_text: dict[str, list[int]] = {}
+    for rank in sorted(problems):
+        text = re.sub(rf"\brank {rank}(?![0-9])", "this rank", problems[rank])
+        by_text.setdefault(text, []).append(rank)
+    shown = [f"{rank_ranges(ranks)}: {text}" for text, ranks in by_text.items()]
+    if len(shown) > _MAX_MESSAGES:
+        hidden = [r for ranks in list(by_text.values())[_MAX_MESSAGES:] for r in ranks]
+        shown = shown[:_MAX_MESSAGES] + [
+            f"and {len(shown) - _MAX_MESSAGES} other messages from {rank_ranges(hidden)}"
+        ]
+    return "; ".join(shown)
 
 
 def dtype_code(dtype: torch.dtype) -> int:
@@ -244,9 +291,11 @@ def agree_on_dtypes(
     codes: Sequence[int],
     group: dist.ProcessGroup | None,
     device: torch.device,
+    names: Mapping[str, str] | None = None,
 ) -> list[int]:
     """The dtype code of every key, learnt from the ranks that know it (those that hold a
-    source shard or were told); the same ReshardError on every rank if two ranks differ."""
+    source shard or were told); the same ReshardError on every rank if two ranks differ.
+    ``names`` says how the message names a key (:func:`key_name`)."""
     gathered = _all_gather_bytes(bytes(codes), group, device) if keys else []
     out = []
     for i, key in enumerate(keys):
@@ -255,9 +304,109 @@ def agree_on_dtypes(
             if rec[i]:
                 seen.setdefault(rec[i], []).append(rank)
         if len(seen) > 1:
-            sides = " vs ".join(f"{dtype_from_code(c)} on ranks {r}" for c, r in seen.items())
+            sides = " vs ".join(
+                f"{dtype_from_code(c)} on {rank_ranges(r)}" for c, r in seen.items()
+            )
             raise ReshardError(
-                f"reshard: the ranks disagree on the dtype of {key!r}: {sides}. No data was moved."
+                f"reshard: the ranks disagree on the dtype of {key_name(key, names)}: {sides}. "
+                "No data was moved."
             )
         out.append(next(iter(seen), 0))
     return out
+
+
+_BoxKey = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def _replicated_boxes(layout: Layout) -> set[_BoxKey]:
+    """The non-empty boxes of ``layout`` that more than one shard holds."""
+    seen: dict[_BoxKey, int] = {}
+    for s in layout.shards:
+        if s.box.numel:
+            k = (s.box.offsets, s.box.sizes)
+            seen[k] = seen.get(k, 0) + 1
+    return {k for k, n in seen.items() if n > 1}
+
+
+def _replica_slots(
+    keys: Sequence[str], src: Mapping[str, Layout]
+) -> dict[int, list[tuple[str, _BoxKey]]]:
+    """Every rank's replicated source shards, as (key, box), in key then local order."""
+    slots: dict[int, list[tuple[str, _BoxKey]]] = {}
+    for key in keys:
+        replicated = _replicated_boxes(src[key])
+        if not replicated:
+            continue
+        for s in src[key].shards:  # global order restricted to one rank is its local order
+            k = (s.box.offsets, s.box.sizes)
+            if k in replicated:
+                slots.setdefault(s.rank, []).append((key, k))
+    return slots
+
+
+def replica_digests(
+    keys: Sequence[str],
+    src: Mapping[str, Layout],
+    local: Mapping[str, Sequence[torch.Tensor]],
+    rank: int,
+) -> bytes:
+    """The digest of each of this rank's replicated source shards, in key then local order
+    (what :func:`agree_on_replicas` sends): blake2b of its bytes in row-major order. A CUDA
+    shard is copied to the CPU to be hashed."""
+    import torch
+
+    out = []
+    for key in keys:
+        replicated = _replicated_boxes(src[key])
+        if not replicated:
+            continue
+        for box, t in zip(src[key].boxes_of(rank), local[key]):
+            if (box.offsets, box.sizes) in replicated:
+                flat = t.detach().reshape(-1).contiguous().cpu()
+                data = flat.view(torch.uint8).numpy().tobytes()
+                out.append(hashlib.blake2b(data, digest_size=_DIGEST).digest())
+    return b"".join(out)
+
+
+def agree_on_replicas(
+    keys: Sequence[str],
+    src: Mapping[str, Layout],
+    mine: bytes,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    names: Mapping[str, str] | None = None,
+) -> None:
+    """Raise the same ReshardError on every rank if two owners of one replicated source box
+    hold different bytes, naming the tensor, the box and which ranks hold which copy.
+
+    ``mine`` is this rank's :func:`replica_digests`. Every rank derives every rank's list of
+    replicated shards from the (agreed) layouts, so the all-gathered records have one size."""
+    from shardspec.metadata import Box
+
+    slots = _replica_slots(keys, src)
+    width = max((len(v) for v in slots.values()), default=0) * _DIGEST
+    if width == 0:
+        return
+    records = _all_gather_bytes(mine.ljust(width, b"\0"), group, device)
+    copies: dict[tuple[str, _BoxKey], dict[bytes, list[int]]] = {}
+    for rank, owned in sorted(slots.items()):
+        for i, slot in enumerate(owned):
+            d = records[rank][i * _DIGEST : (i + 1) * _DIGEST]
+            copies.setdefault(slot, {}).setdefault(d, []).append(rank)
+    bad = []
+    for (key, (offsets, sizes)), by_digest in copies.items():
+        if len(by_digest) > 1:
+            sides = " vs ".join(
+                f"{rank_ranges(r)} (digest {d.hex()})"
+                for d, r in sorted(by_digest.items(), key=lambda kv: kv[1][0])
+            )
+            bad.append(f"{key_name(key, names)}, box {Box(offsets, sizes)}: {sides}")
+    if bad:
+        shown = bad[:_MAX_MESSAGES] + (
+            [f"and {len(bad) - _MAX_MESSAGES} more boxes"] if len(bad) > _MAX_MESSAGES else []
+        )
+        raise ReshardError(
+            "reshard: replicas of a source box differ (check_replicas=True): "
+            + "; ".join(shown)
+            + ". No data was moved; every rank raised this error."
+        )

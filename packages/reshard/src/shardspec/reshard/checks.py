@@ -60,9 +60,11 @@ def check_tensors(
     import torch
 
     if len(tensors) != len(boxes):
+        # Sizes, not boxes: the offsets differ on every rank, and ranks that share a fault
+        # share one line of the error (agreement.shared_problems).
         raise ReshardError(
             f"{what}rank {rank} passed {len(tensors)} {items} but owns {len(boxes)} "
-            f"{side} boxes {list(boxes)}"
+            f"{side} boxes of sizes {[b.sizes for b in boxes]}"
         )
     for i, (t, box) in enumerate(zip(tensors, boxes)):
         name = f"{what}{item} #{i} on rank {rank}"
@@ -71,7 +73,7 @@ def check_tensors(
         _check_kind(t, name)
         if tuple(t.shape) != box.sizes:
             raise ReshardError(
-                f"{name} has shape {tuple(t.shape)} but its {side} box {box} has sizes {box.sizes}"
+                f"{name} has shape {tuple(t.shape)} but its {side} box has sizes {box.sizes}"
             )
         if dtype is None:
             dtype = t.dtype

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardspec.metadata import Box, ConversionError, Layout, Shard
 
+from .errors import rank_ranges
 from .executor import reshard
 
 if TYPE_CHECKING:
@@ -149,12 +150,20 @@ def dtensor_from_local(
         mine[0] = len(have)
     seen = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(seen, mine)
-    bad = []
+    # One line per (held, expected) pair, however many ranks share it (a thousand ranks
+    # that all hold (0,) make one line, not a thousand).
+    wrong: dict[tuple[object, tuple[int, ...]], list[int]] = {}
     for r, row in enumerate(seen):
         expected = local_shape_of(dst.boxes_of(r), len(shp))
         if int(row[0]) != 1 or tuple(int(x) for x in row[1:]) != expected:
             got = tuple(int(x) for x in row[1:]) if int(row[0]) == 1 else f"{int(row[0])}-d"
-            bad.append(f"rank {r} holds {got}, the placements give it {expected}")
+            wrong.setdefault((got, expected), []).append(r)
+    bad = [
+        f"{rank_ranges(rs)} holds {got}, the placements give it {expected}"
+        if len(rs) == 1
+        else f"{rank_ranges(rs)} hold {got} each, the placements give each {expected}"
+        for (got, expected), rs in wrong.items()
+    ]
     if bad:
         raise ConversionError(
             f"local shards of a {shp} tensor on mesh {tuple(device_mesh.mesh.shape)} with "

@@ -10,8 +10,10 @@ How one call runs on every rank of the group:
    of keys, shapes, layouts and ``max_buffer_bytes``, each rank's input verdict, and (when
    it knows every dtype) a digest of the dtypes and the rounds it needs are all-gathered:
    usually the only extra collective.
-   Otherwise the dtypes are gathered and the rounds all-reduced. Any problem raises the same
-   error on every rank before data moves.
+   Otherwise the dtypes are gathered and the rounds all-reduced. With ``check_replicas``, one
+   more all-gather compares a digest of every replicated source shard (RESHARD-13). Any
+   problem raises the same error on every rank before data moves; an error several ranks
+   share is shown once, after its ranks.
 3. Local pieces are copied directly into the outputs (never sent to another rank).
 4. Everything else travels as one byte stream per (sender, receiver) pair: the pieces of
    every tensor in key order, then wire order, each starting at a multiple of its own element
@@ -49,10 +51,13 @@ from shardspec.metadata import Layout
 from .agreement import (
     agree_on_dtypes,
     agree_on_inputs,
+    agree_on_replicas,
     digests,
     dtype_code,
     dtype_from_code,
+    key_name,
     next_call,
+    replica_digests,
 )
 from .blocks import flat_blocks
 from .checks import check_device, check_tensors, find_overlap, has_internal_overlap
@@ -80,6 +85,7 @@ def reshard(
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
     out: Sequence[torch.Tensor] | None = None,
+    check_replicas: bool = False,
 ) -> list[torch.Tensor]:
     """This rank's shards of ``dst``, in ``dst``'s local order, from its shards of ``src``.
 
@@ -93,6 +99,13 @@ def reshard(
     shape and the tensors' dtype, on the outputs' device, sharing no memory with an input or
     another output), which are returned. Checked on every rank before data moves, like the
     inputs: any bad argument on any rank raises the same :class:`ReshardError` on every rank.
+
+    Replicas: where ``src`` gives one box to several ranks, their copies are trusted to hold
+    the same bytes, and each piece of the result is read from one of them (RESHARD-4), so
+    copies that differ end up mixed in one output. ``check_replicas=True`` compares a digest
+    of every replica before any data moves (one more all-gather, and every replicated shard
+    hashed once) and raises the same :class:`ReshardError` on every rank, naming the tensor,
+    the box and the ranks that hold each copy (RESHARD-13).
     """
     result = reshard_state_dict(
         {"": local_shards},
@@ -103,6 +116,8 @@ def reshard(
         dtypes=None if dtype is None else {"": dtype},
         device=device,
         out=None if out is None else {"": out},
+        names={"": ""},
+        check_replicas=check_replicas,
     )
     return result[""]
 
@@ -117,6 +132,8 @@ def reshard_state_dict(
     dtypes: Mapping[str, torch.dtype] | None = None,
     device: torch.device | str | None = None,
     out: Mapping[str, Sequence[torch.Tensor]] | None = None,
+    names: Mapping[str, str] | None = None,
+    check_replicas: bool = False,
 ) -> dict[str, list[torch.Tensor]]:
     """:func:`reshard` for many tensors at once: every tensor shares each round's collective.
 
@@ -124,6 +141,11 @@ def reshard_state_dict(
     none). Every rank must pass the same keys and layouts. Returns this rank's destination
     shards of every key; with ``out`` (same keys), writes them into ``out[key]`` (see
     :func:`reshard`) and returns those tensors.
+
+    ``names``: how error messages name a key, for keys a caller built from its own
+    (``shardspec.fsdp.reshard_for`` names ``"optimizer state 'exp_avg' of parameter
+    '0.bias'"``); by default ``tensor 'key'``. An empty name leaves the key out.
+    ``check_replicas``: see :func:`reshard`; every rank must pass the same value.
     """
     import torch
     import torch.distributed as dist
@@ -147,6 +169,7 @@ def reshard_state_dict(
     codes: list[int] = []
     streams: _Streams | None = None
     need = 0
+    replicas = b""
     dev = torch.device("cpu")
     try:
         keys = _check_keys(state, src_layouts, dst_layouts)
@@ -155,7 +178,7 @@ def reshard_state_dict(
                 f"out must have the keys of state; missing: {sorted(set(keys) - set(out))}, "
                 f"extra: {sorted(set(out) - set(keys))}"
             )
-        digest = digests(keys, src_layouts, dst_layouts, max_buffer_bytes)
+        digest = digests(keys, src_layouts, dst_layouts, max_buffer_bytes, check_replicas)
         if max_buffer_bytes is not None and (
             isinstance(max_buffer_bytes, bool)
             or not isinstance(max_buffer_bytes, int)
@@ -177,10 +200,13 @@ def reshard_state_dict(
                 dtypes,
                 None if out is None else out[key],
                 dev,
+                names,
             )
             jobs.append(job)
             codes.append(code)
-        _check_aliasing(jobs, rank)
+        _check_aliasing(jobs, rank, names)
+        if check_replicas:
+            replicas = replica_digests(keys, src_layouts, {j.key: j.inputs for j in jobs}, rank)
         # Usually every rank knows every dtype (it holds a shard of each tensor, or was told),
         # and one all-gather settles everything: inputs, agreement, dtypes and the rounds.
         if all(codes):
@@ -192,7 +218,7 @@ def reshard_state_dict(
         streams = None
     rounds = agree_on_inputs(digest, error, group, comm, codes=codes, rounds=need, call=call)
     if rounds is None:
-        resolved = agree_on_dtypes(keys, codes, group, comm)
+        resolved = agree_on_dtypes(keys, codes, group, comm, names)
         _set_dtypes(jobs, resolved)
         streams = _Streams(jobs, rank, world)
         agreed = torch.tensor(
@@ -201,6 +227,8 @@ def reshard_state_dict(
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
         rounds = int(agreed.item())
     assert streams is not None
+    if check_replicas:
+        agree_on_replicas(keys, src_layouts, replicas, group, comm, names)
 
     with torch.no_grad():
         for job in jobs:
@@ -291,9 +319,9 @@ def _prepare(
     dtypes: Mapping[str, torch.dtype] | None,
     out: Sequence[torch.Tensor] | None = None,
     dev: torch.device | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> tuple[_Job, int]:
-
-    what = f"tensor {key!r}: " if key else ""
+    what = _prefix(key, names, ": ")
     if not isinstance(src, Layout) or not isinstance(dst, Layout):
         raise ReshardError(f"{what}src and dst must be Layouts")
     for name, layout in (("source", src), ("destination", dst)):
@@ -341,14 +369,22 @@ def _tensor_list(tensors: Sequence[torch.Tensor], what: str) -> list[torch.Tenso
     return list(tensors)
 
 
-def _check_aliasing(jobs: list[_Job], rank: int) -> None:
+def _prefix(key: str, names: Mapping[str, str] | None, sep: str) -> str:
+    """The key's name and ``sep`` to start a message with; nothing for the one tensor of
+    :func:`reshard` (or a key its caller named "")."""
+    if names is not None and key in names and not names[key]:
+        return ""
+    return key_name(key, names) + sep
+
+
+def _check_aliasing(jobs: list[_Job], rank: int, names: Mapping[str, str] | None) -> None:
     """``out`` tensors are written while inputs are still being read, and a tensor written
     twice keeps one of the values: any memory shared with an input or another output would
     return wrong data with no error."""
     inputs = []
     outputs = []
     for job in jobs:
-        what = f"tensor {job.key!r} " if job.key else ""
+        what = _prefix(job.key, names, " ")
         inputs += [(f"{what}local shard #{i}", t) for i, t in enumerate(job.inputs)]
         for i, t in enumerate(job.given or ()):
             name = f"{what}out #{i}"

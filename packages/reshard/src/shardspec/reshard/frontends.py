@@ -38,6 +38,7 @@ __all__ = [
     "reshard_dtensor_to_layout",
     "reshard_sharded_tensor",
     "sharded_tensor_layout",
+    "warn_if_gather_misorders",
 ]
 
 
@@ -213,6 +214,14 @@ def reshard_dtensor(
     The meshes may differ (other ranks, other shapes); every rank of ``group`` (default: the
     world) must call. Shard(0) -> Shard(1) and friends take one ``all_to_all_single`` instead
     of DTensor's CPU fallback through an all-gather.
+
+    On a mesh whose ranks are not in ascending order along a sharded mesh dim (``[3, 2, 1,
+    0]``) the result's local shards are right, but torch's own ``full_tensor()`` and
+    ``redistribute`` to ``Replicate`` on it concatenate the pieces in group-rank order, not
+    mesh order, and return wrong values with no error (an upstream defect:
+    ``conformance/repros/dtensor-all-gather-non-ascending-mesh.py``). A ``UserWarning`` says
+    so when the result is such a DTensor; gather with this function instead
+    (``placements=[Replicate()] * mesh.ndim``), which places every piece by its coordinate.
     """
     import torch.distributed as dist
 
@@ -234,9 +243,35 @@ def reshard_dtensor(
         device=dt.to_local().device,
     )
     device = dt.to_local().device
+    warn_if_gather_misorders(device_mesh, placements)
     return wrap_local(
         parts, dst.boxes_of(me), shape, device_mesh, placements, dtype=dt.dtype, device=device
     )
+
+
+def warn_if_gather_misorders(device_mesh: Any, placements: Sequence[Any]) -> None:
+    """Warn when torch's all-gather of a DTensor on ``device_mesh`` with ``placements``
+    returns wrong values: a sharded mesh dim whose ranks are not ascending along it (torch
+    concatenates by group rank, which is ascending global rank, not by mesh coordinate)."""
+    import warnings
+
+    mesh = device_mesh.mesh
+    for d, p in enumerate(placements):
+        if not p.is_shard():
+            continue
+        lines = mesh.movedim(d, -1).reshape(-1, mesh.shape[d])
+        if bool((lines[:, 1:] <= lines[:, :-1]).any()):
+            warnings.warn(
+                f"reshard_dtensor: the result's shards are right, but mesh dim {d} is sharded "
+                f"({p}) over ranks out of ascending order (mesh {mesh.tolist()}): torch's own "
+                "full_tensor() / redistribute() on this DTensor concatenate the pieces in "
+                "group-rank order and return wrong values with no error (upstream defect, "
+                "conformance/repros/dtensor-all-gather-non-ascending-mesh.py); gather with "
+                "reshard_dtensor(dt, mesh, [Replicate()] * mesh.ndim) instead",
+                UserWarning,
+                stacklevel=3,
+            )
+            return
 
 
 def reshard_dtensor_to_layout(

@@ -14,6 +14,7 @@ from .pool import (
     get_pool,
     shutdown_pools,
 )
+from .timing import scaled, slowness
 from .world import run_world
 
 __all__ = [
@@ -30,6 +31,8 @@ __all__ = [
     "max_world_size",
     "rank_device",
     "run_world",
+    "scaled",
     "shutdown_pools",
     "skip_reason",
+    "slowness",
 ]

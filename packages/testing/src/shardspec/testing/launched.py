@@ -28,6 +28,7 @@ from typing import Any
 from .devices import backend, device_type
 from .pool import PoolError, RankPool, _Worker
 from .protocol import recv_frame, send_frame
+from .timing import scaled
 
 __all__ = ["LaunchedPool", "is_launched", "launched_world", "main"]
 
@@ -164,7 +165,7 @@ class LaunchedPool(RankPool):
                 f"world size {self.world_size} needs {self.world_size} launcher ranks besides "
                 f"the driver; this launch has {hub.size}"
             )
-        hub.form(self.world_size, self.ops, self.startup_timeout)
+        hub.form(self.world_size, self.ops, scaled(self.startup_timeout))
         self.workers = [
             _Worker(r, _Remote(hub.pids[r]), log=None, sock=hub.conns[r])  # type: ignore[arg-type]
             for r in range(self.world_size)

@@ -64,6 +64,7 @@ from .devices import backend, default_timeout, device_type
 from .loopback import loopback_store
 from .ops import function_name
 from .protocol import decode_tensor, encode_tensor, recv_frame, send_frame
+from .timing import scaled, slowness
 from .values import decode_value, encode_value
 
 __all__ = [
@@ -214,7 +215,8 @@ class RankPool:
     def start(self) -> None:
         if self.running:
             return
-        deadline = time.monotonic() + self.startup_timeout
+        # Limits are written for an idle machine; a loaded one gets proportionally longer.
+        deadline = time.monotonic() + scaled(self.startup_timeout)
         token = secrets.token_hex(16)
         self._logdir = tempfile.TemporaryDirectory(prefix=f"shardspec-pool-w{self.world_size}-")
         self._listener = socket.create_server(("127.0.0.1", 0), backlog=self.world_size)
@@ -487,7 +489,12 @@ class RankPool:
         self.examples += 1
         timeout = self.timeout if timeout is None else timeout
         grace = min(1.0, timeout) if self.error_grace is None else self.error_grace
-        deadline = time.monotonic() + timeout
+        # The limits catch hangs, they do not measure speed: on a loaded machine they stretch
+        # by how slowly it answers now (shardspec.testing.slowness), so load never fails a
+        # call that would pass on an idle one.
+        factor = slowness()
+        grace *= factor
+        deadline = time.monotonic() + timeout * factor
         try:
             for w, (header, bufs) in zip(self.workers, frames):
                 assert w.sock is not None
@@ -511,7 +518,8 @@ class RankPool:
                         break  # a rank raised and left the others stuck: report the raise
                     self._crash(
                         f"rank(s) {missing} did not answer within {timeout:g} s "
-                        f"(SHARDSPEC_POOL_TIMEOUT)",
+                        f"(SHARDSPEC_POOL_TIMEOUT; x{factor:.1f} for this machine's load: "
+                        f"{timeout * factor:.0f} s)",
                         desc,
                         missing,
                         replies,

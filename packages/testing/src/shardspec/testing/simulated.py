@@ -29,6 +29,7 @@ import torch
 
 from .ops import Context, execute, function_name, resolve_function
 from .pool import RankCrash, RankError, RankFailure, RankResult
+from .timing import scaled, slowness
 
 __all__ = ["SimulatedPool", "get_simulated_pool", "shutdown_simulated"]
 
@@ -215,7 +216,7 @@ class SimulatedPool:
             t.start()
         errors = []
         for _ in range(self.world_size):
-            rank, err = ready.get(timeout=max(self.timeout, 60.0))
+            rank, err = ready.get(timeout=scaled(max(self.timeout, 60.0)))
             if err is not None:
                 errors.append(f"rank {rank}: {err}")
         if errors:
@@ -299,7 +300,9 @@ class SimulatedPool:
         call_id = self._call_id
         for rank, payload in enumerate(payloads):
             self._inboxes[rank].put((call_id, kind, payload))
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        # Stretched on a loaded machine (shardspec.testing.slowness): a limit catches hangs.
+        factor = slowness()
+        deadline = time.monotonic() + factor * (self.timeout if timeout is None else timeout)
         replies: dict[int, dict[str, Any]] = {}
         raised = False
         while len(replies) < self.world_size:
@@ -315,7 +318,7 @@ class SimulatedPool:
             replies[rank] = reply
             if not reply["ok"] and reply.get("phase") in ("collective", "call") and not raised:
                 raised = True
-                deadline = min(deadline, time.monotonic() + self.error_grace)
+                deadline = min(deadline, time.monotonic() + self.error_grace * factor)
         if len(replies) < self.world_size:
             missing = sorted(set(range(self.world_size)) - set(replies))
             self._terminate()
@@ -323,8 +326,9 @@ class SimulatedPool:
                 shown = missing if len(missing) <= 16 else [*missing[:16], "..."]
                 raise RankCrash(
                     f"rank(s) {shown} of a simulated world of {self.world_size} did not answer "
-                    f"within {self.timeout if timeout is None else timeout:g} s [{desc}]; the "
-                    "world was torn down and restarts on the next call"
+                    f"within {self.timeout if timeout is None else timeout:g} s (x{factor:.1f} "
+                    f"for this machine's load) [{desc}]; the world was torn down and restarts "
+                    "on the next call"
                 )
         return replies
 

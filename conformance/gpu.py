@@ -11,6 +11,9 @@ Where ``shardspec`` is not installed the packages are taken from this checkout's
 then gloo ranks (1-4) sharing it with CUDA tensors, which exercises the executor's device
 paths (pack, unpack, ``out=``, agreement check) on CUDA. Exits with the first failing phase's
 status; exits 1 with the reason when this interpreter's torch sees no GPU.
+
+``python -m conformance.gpu --bench [options]`` measures instead of testing: the executor on
+CUDA tensors against the device's copy bandwidth and DTensor (:mod:`conformance.gpu_bench`).
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ def phases(gpus: int) -> list[dict[str, str]]:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--bench"]:
+        from conformance.gpu_bench import main as bench
+
+        return bench(argv[1:])
     import torch
 
     gpus = torch.cuda.device_count()

@@ -264,20 +264,31 @@ def _time_cuda(
     repeat: int,
     before: Callable[[], object] | None = None,
 ) -> list[float]:
-    """Milliseconds of ``fn`` per iteration, by cuda events on the current stream;
-    ``before`` runs ahead of each iteration, untimed, with the device idle."""
+    """Milliseconds of ``fn`` per iteration, by cuda events on the current stream (by the
+    clock where there is no GPU: the meta test runs the rank code on CPU); ``before`` runs
+    ahead of each iteration, untimed, with the device idle."""
+    import time
+
     import torch
 
+    cuda = torch.cuda.is_available()
     for _ in range(warmup):
         if before is not None:
             before()
         fn()
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     times = []
     for _ in range(repeat):
         if before is not None:
             before()
-            torch.cuda.synchronize()
+            if cuda:
+                torch.cuda.synchronize()
+        if not cuda:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+            continue
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
@@ -371,11 +382,15 @@ def measure_local(nbytes: int, warmup: int, repeat: int) -> dict[str, dict[str, 
     return out
 
 
+METHODS = ("ours", "dtensor")
+
+
 def rank_reshard(
-    rank: int, world: int, nbytes: int, warmup: int, repeat: int, dtensor: bool
-) -> dict[str, Any]:
-    """On every rank: Shard(0)->Shard(1) of a float32 matrix by ``reshard`` and by DTensor;
-    each method's per-iteration times (ms), or the error it raised."""
+    rank: int, world: int, nbytes: int, warmup: int, repeat: int, method: str
+) -> list[float] | dict[str, str]:
+    """On every rank: Shard(0)->Shard(1) of a float32 matrix by ``reshard`` (``"ours"``) or
+    by DTensor's ``redistribute`` (``"dtensor"``); the per-iteration times (ms), or the error
+    it raised. One method per call: a rank that crashes in one leaves the other's figures."""
     import traceback
 
     import torch
@@ -384,7 +399,8 @@ def rank_reshard(
     from shardspec.metadata import chunk_layout
     from shardspec.reshard import reshard
 
-    dev = torch.device("cuda", torch.cuda.current_device())
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     shape = matrix_shape(nbytes)
     src = chunk_layout(shape, 0, list(range(world)))
     dst = chunk_layout(shape, 1, list(range(world)))
@@ -394,52 +410,49 @@ def rank_reshard(
     rows = torch.arange(box.offsets[0], box.offsets[0] + box.sizes[0], device=dev)
     x = rows.to(torch.float32)[:, None].expand(*box.sizes).contiguous()
     want = torch.arange(shape[0], device=dev, dtype=torch.float32)[:, None].expand(*dbox.sizes)
-    result: dict[str, Any] = {}
 
     def timed(step: Callable[[], torch.Tensor]) -> list[float]:
         # Start together, untimed: otherwise a rank would time its wait for the others.
         times = _time_cuda(step, warmup, repeat, before=dist.barrier)
-        got = step()
-        if not torch.equal(got, want):
-            raise AssertionError(f"rank {rank}: wrong result")
+        if not torch.equal(step(), want):
+            raise AssertionError(f"rank {rank}: {method} gave a wrong result")
         return times
 
     try:
-        result["ours"] = timed(lambda: reshard([x], src, dst)[0])
+        if method == "ours":
+            return timed(lambda: reshard([x], src, dst)[0])
+        if method != "dtensor":
+            raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Shard
+
+        mesh = init_device_mesh(dev.type, (world,))
+        dt = DTensor.from_local(x, mesh, [Shard(0)], run_check=False)
+        return timed(lambda: dt.redistribute(mesh, [Shard(1)]).to_local())
     except Exception:
-        result["ours"] = {"error": traceback.format_exc(limit=3)}
-    torch.cuda.empty_cache()
-    if dtensor:
-        try:
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.tensor import DTensor, Shard
-
-            mesh = init_device_mesh("cuda", (world,))
-            dt = DTensor.from_local(x, mesh, [Shard(0)], run_check=False)
-            result["dtensor"] = timed(lambda: dt.redistribute(mesh, [Shard(1)]).to_local())
-        except Exception:
-            result["dtensor"] = {"error": traceback.format_exc(limit=3)}
-        torch.cuda.empty_cache()
-    return result
+        return {"error": traceback.format_exc(limit=3)}
+    finally:
+        if cuda:
+            torch.cuda.empty_cache()
 
 
-def _merge(answers: Sequence[Any], nbytes: int, name: str) -> dict[str, Any]:
+def _merge(answers: Sequence[Any], nbytes: int) -> dict[str, Any]:
     """One method's result over the ranks: the error of the first rank that failed, else the
     summary of the slowest rank per iteration."""
     per_rank = []
     for a in answers:
-        value = a.get(name) if isinstance(a, dict) else None
-        if value is None:
+        if isinstance(a, dict):
+            return a
+        if not isinstance(a, list):  # a RankFailure, or what stopped the whole world
             return {"error": f"{type(a).__name__}: {getattr(a, 'message', a)}"}
-        if isinstance(value, dict):
-            return value
-        per_rank.append(value)
+        per_rank.append(a)
     return summarize(slowest_rank(per_rank), nbytes)
 
 
 def measure_reshard(
     backend: str, world: int, nbytes: int, args: argparse.Namespace
 ) -> dict[str, Any]:
+    """Both methods on one world of ranks sharing the GPU (NCCL only at world size 1)."""
     from shardspec.testing import RankPool
 
     entry: dict[str, Any] = {"backend": backend, "world": world, "size": nbytes}
@@ -447,16 +460,16 @@ def measure_reshard(
     fn = "conformance.gpu_bench:rank_reshard"
     pool = RankPool(world, timeout=args.timeout, backend_name=backend, device="cuda")
     try:
-        answers = pool.call_all(
-            fn, nbytes, args.warmup, args.repeat, not args.no_dtensor, timeout=args.timeout
-        )
-    except Exception as e:  # a crashed or stuck world: say so and go on with the next
-        answers = [e] * world
+        for method in METHODS if not args.no_dtensor else METHODS[:1]:
+            try:
+                answers = pool.call_all(
+                    fn, nbytes, args.warmup, args.repeat, method, timeout=args.timeout
+                )
+            except Exception as e:  # a crashed or stuck world: say so; the pool restarts
+                answers = [e] * world
+            entry[method] = _merge(answers, moved)
     finally:
         pool.close()
-    entry["ours"] = _merge(answers, moved, "ours")
-    if not args.no_dtensor:
-        entry["dtensor"] = _merge(answers, moved, "dtensor")
     return entry
 
 

@@ -24,6 +24,7 @@ GPU memory are skipped, saying so.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -289,8 +290,9 @@ def _time_cuda(
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
             continue
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
+        # torch leaves Event's constructor untyped
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         start.record()
         fn()
         end.record()
@@ -312,6 +314,7 @@ def packers(
 
     from shardspec.metadata import chunk_layout
     from shardspec.reshard import executor as ex
+    from shardspec.reshard.agreement import dtype_code
 
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
@@ -323,8 +326,8 @@ def packers(
     x = torch.randn(shape, device=dev)
     send, _ = ex._prepare("x", [x], whole, columns, 0, world, None, None, dev)
     recv, _ = ex._prepare("x", [], columns, whole, 0, world, {"x": torch.float32}, None, dev)
-    ex._set_dtypes([send], [ex.dtype_code(torch.float32)])
-    ex._set_dtypes([recv], [ex.dtype_code(torch.float32)])
+    ex._set_dtypes([send], [dtype_code(torch.float32)])
+    ex._set_dtypes([recv], [dtype_code(torch.float32)])
     recv.outputs = [torch.empty(shape, device=dev)]
     sends = ex._Streams([send], 0, world)
     recvs = ex._Streams([recv], 0, world)
@@ -378,6 +381,7 @@ def measure_local(nbytes: int, warmup: int, repeat: int) -> dict[str, dict[str, 
     out["pack"] = summarize(_time_cuda(pack, warmup, repeat), moved)
     out["unpack"] = summarize(_time_cuda(unpack, warmup, repeat), moved)
     del pack, unpack, check
+    gc.collect()  # the closures hold the matrix and buffers: free them before the ranks start
     torch.cuda.empty_cache()
     return out
 

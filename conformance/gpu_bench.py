@@ -121,7 +121,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     p.add_argument("--repeat", type=_positive, default=7, help="timed iterations (median)")
     p.add_argument("--warmup", type=int, default=2, help="untimed iterations first")
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per world and size")
+    p.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds per method, world and size"
+    )
     p.add_argument("--no-dtensor", action="store_true", help="leave DTensor out")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(list(argv))
@@ -247,7 +249,8 @@ def render_table(result: dict[str, Any]) -> str:
         for name in ("ours", "dtensor"):
             err = (r.get(name) or {}).get("error")
             if err:
-                first = err.strip().splitlines()[0] if err.strip() else "?"
+                # a traceback's last line is the exception itself
+                first = err.strip().splitlines()[-1].strip() if err.strip() else "?"
                 out.append(
                     f"{r['backend']} W={r['world']} {format_size(r['size'])}: {name}: {first}"
                 )
@@ -454,15 +457,16 @@ def _merge(answers: Sequence[Any], nbytes: int) -> dict[str, Any]:
 
 
 def measure_reshard(
-    backend: str, world: int, nbytes: int, args: argparse.Namespace
+    backend: str, world: int, nbytes: int, args: argparse.Namespace, device: str = "cuda"
 ) -> dict[str, Any]:
-    """Both methods on one world of ranks sharing the GPU (NCCL only at world size 1)."""
+    """Both methods on one world of ranks sharing the GPU (NCCL only at world size 1);
+    ``device="cpu"`` is for the meta test."""
     from shardspec.testing import RankPool
 
     entry: dict[str, Any] = {"backend": backend, "world": world, "size": nbytes}
     moved = math.prod(matrix_shape(nbytes)) * 4
     fn = "conformance.gpu_bench:rank_reshard"
-    pool = RankPool(world, timeout=args.timeout, backend_name=backend, device="cuda")
+    pool = RankPool(world, timeout=args.timeout, backend_name=backend, device=device)
     try:
         for method in METHODS if not args.no_dtensor else METHODS[:1]:
             try:

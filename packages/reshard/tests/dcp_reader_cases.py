@@ -113,13 +113,14 @@ def load_expecting_error(
     """Load with our reader from a damaged checkpoint; return the error this rank sees."""
     import torch.distributed.checkpoint as dcp
 
-    from shardspec.reshard.dcp import FileSystemReader, LoadPlanner
+    from shardspec.reshard.dcp import FileSystemReader, LoadPlanner, read_error
 
     dest = _destination(full, how, torch.zeros((), dtype=full.dtype))
     try:
         dcp.load({"t": dest}, storage_reader=FileSystemReader(path), planner=LoadPlanner())
     except BaseException as e:  # DCP wraps rank errors in CheckpointException (BaseException)
-        return f"{type(e).__name__}: {e}"
+        ours = read_error(e)
+        return f"{type(e).__name__}: {e}\nread_error: {ours}"
     return "no error"
 
 

@@ -221,6 +221,9 @@ def test_a_damaged_checkpoint_fails_on_every_rank_naming_file_tensor_and_chunk(
         assert "CheckpointException" in a, a
         assert "__2_0.distcp" in a and "tensor 't'" in a and "(4, 0)" in a, a
         assert what in a, a
+        # read_error() digs our error out of DCP's BaseException, on every rank
+        ours = a.split("\nread_error: ", 1)[1]
+        assert "__2_0.distcp" in ours and what in ours, a
 
 
 @pytest.mark.rule("CKPT-13")

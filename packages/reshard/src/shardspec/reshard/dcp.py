@@ -41,7 +41,7 @@ import dataclasses
 import functools
 import math
 from collections import ChainMap
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.distributed._shard.sharded_tensor.api import ShardedTensor
@@ -76,6 +76,8 @@ from shardspec.metadata.checkpoint import ChunkError, check_chunks, chunk_verdic
 from .dcp_reader import CheckpointReadError, FileSystemReader
 from .planner import plan
 
+_E = TypeVar("_E", bound=BaseException)
+
 __all__ = [
     "CheckpointReadError",
     "ChunkError",
@@ -83,6 +85,7 @@ __all__ = [
     "LoadPlanner",
     "SavePlanner",
     "chunk_error",
+    "read_error",
     "read_items_for_chunks",
 ]
 
@@ -93,6 +96,17 @@ def chunk_error(error: BaseException) -> ChunkError | None:
     ``failures``: rank -> (exception, traceback)), or None when there is none. Looks in
     ``failures`` (lowest rank first), then ``__cause__`` and ``__context__``; ``error`` may be
     the ``ChunkError`` itself."""
+    return _inner(error, ChunkError)
+
+
+def read_error(error: BaseException) -> CheckpointReadError | None:
+    """The :class:`CheckpointReadError` inside what ``dcp.load`` raised with our
+    :class:`FileSystemReader` (a missing, truncated or wrong file: CKPT-16), found as
+    :func:`chunk_error` finds a ``ChunkError``, or None."""
+    return _inner(error, CheckpointReadError)
+
+
+def _inner(error: BaseException, kind: type[_E]) -> _E | None:
     seen: set[int] = set()
     todo: list[BaseException] = [error]
     while todo:
@@ -100,7 +114,7 @@ def chunk_error(error: BaseException) -> ChunkError | None:
         if id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, ChunkError):
+        if isinstance(e, kind):
             return e
         failures = getattr(e, "failures", None)
         if isinstance(failures, dict):

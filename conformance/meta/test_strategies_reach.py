@@ -7,7 +7,9 @@ views, and a rank with nothing local."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -329,18 +331,30 @@ def first_example(strategy: Any) -> Any:
     return seen[0]
 
 
+def _ci_sim_worlds() -> list[str]:
+    """The SHARDSPEC_SIM_WORLDS values .ci/run gives conformance_scale: CI's own worlds must
+    reach the edges too, not only the session's default."""
+    ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
+    return sorted(set(re.findall(r"SHARDSPEC_SIM_WORLDS=([0-9,]+)", ci)))
+
+
+@pytest.mark.parametrize("sim", [SIM, *_ci_sim_worlds()])
 def test_scale_strategies_start_with_data_on_more_than_16_ranks_above_255(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, sim: str
 ) -> None:
     """The simplest example, the first of every run of conformance_scale (3 examples a
-    property), already holds data on more than 16 ranks above 255."""
-    monkeypatch.setenv("SHARDSPEC_SIM_WORLDS", SIM)
+    property), already holds data on more than 16 ranks above 255, on the session's default
+    worlds and on each set of worlds CI runs whose largest is above 255."""
+    largest = max(int(w) for w in sim.split(","))
+    if largest <= 255:
+        pytest.skip(f"worlds {sim} have no rank above 255 (CI's smaller run)")
+    monkeypatch.setenv("SHARDSPEC_SIM_WORLDS", sim)
     first = first_example(reshard_cases())
-    assert first["world"] == 1024 and _holders_above_255(first["src"]) > 16, first["src"]
+    assert first["world"] == largest and _holders_above_255(first["src"]) > 16, first["src"]
     case = first_example(dtensor_pool_cases(max_world=16))
-    assert math.prod(case[1]) == 1024 and _dtensor_holders_above_255(case) > 16, case
+    assert math.prod(case[1]) == largest and _dtensor_holders_above_255(case) > 16, case
     case = first_example(fsdp_cases())
-    assert math.prod(case[1]) == 1024 and _fsdp_holders_above_255(case) > 16, case
+    assert math.prod(case[1]) == largest and _fsdp_holders_above_255(case) > 16, case
     lay = first_example(large_chunk_layouts(worlds=scale_worlds()))
     assert _holders_above_255(lay) > 16
 

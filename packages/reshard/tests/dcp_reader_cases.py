@@ -85,6 +85,15 @@ def load_both(
     fill = torch.ones((), dtype=full.dtype)
     ours = _destination(full, how, fill)
     reader = FileSystemReader(path, trace_reads=True, **reader_options)
+    sent: list[int] = []  # read items in the plan this rank gives DCP's plan exchange
+    prepare = reader.prepare_local_plan
+
+    def spy(plan: Any) -> Any:
+        out = prepare(plan)
+        sent.append(len(out.items))
+        return out
+
+    reader.prepare_local_plan = spy
     dcp.load({"t": ours}, storage_reader=reader, planner=LoadPlanner())
     stats = reader.stats
     # The object apart: DCP's flattening drops a ShardedTensor with no local shards, and
@@ -103,6 +112,7 @@ def load_both(
         "buffer_peak": s.buffer_peak,
         "threads": s.threads,
         "items": s.items,
+        "sent_items": sent,
         "extra_fallback_items": reader.stats.fallback_items,
     }
 

@@ -144,6 +144,9 @@ def test_reader_loads_the_bits_dcp_loads(
             assert f1 != f2 or s2 >= e1, f"rank {rank} read bytes twice: {spans}; {ex}"
         # CKPT-15: at most one saved chunk of buffer per reading thread.
         assert r["buffer_peak"] <= r["threads"] * chunk_bytes, (r, chunk_bytes, ex)
+        # CKPT-18: in both loads the read items stayed on the rank; DCP's plan exchange
+        # carried none.
+        assert len(r["sent_items"]) == 2 and not any(r["sent_items"]), (r["sent_items"], ex)
 
 
 def _storage_of(path: str, fqn: str, offsets: tuple[int, ...]) -> Any:
@@ -276,3 +279,90 @@ def test_no_dist_load_with_the_default_planner(tmp_path: Path, whole: int) -> No
     assert out["obj"] == {"k": [1, 2]}
     # The object went through DCP's path; the empty tensor has no read item, the others one.
     assert reader.stats.fallback_items == 1 and reader.stats.items == 6
+
+
+def _save_small(path: Path) -> dict[str, Any]:
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    sd = {f"w{i}": random_tensor((5, 3), torch.float32, i) for i in range(3)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+        dcp.save(sd, checkpoint_id=path, no_dist=True)
+    return sd
+
+
+def _load_counting(path: Path, planner: Any) -> tuple[dict[str, Any], list[int], int]:
+    """Load ``path`` with our reader and ``planner`` in one process: the values, the read
+    items of each plan the global step saw, and the read items the reader filled."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from shardspec.reshard.dcp import FileSystemReader
+
+    seen: list[int] = []
+    global_step = planner.create_global_plan
+
+    def spy(plans: list[Any]) -> list[Any]:
+        seen.extend(len(p.items) for p in plans)
+        return global_step(plans)
+
+    planner.create_global_plan = spy  # on the instance: the class's method stays as it is
+    out = {f"w{i}": torch.zeros(5, 3) for i in range(3)}
+    reader = FileSystemReader(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(out, storage_reader=reader, planner=planner, no_dist=True)
+    return out, seen, reader.stats.items
+
+
+@pytest.mark.rule("CKPT-18")
+def test_our_planner_and_reader_keep_the_read_items_on_the_rank(tmp_path: Path) -> None:
+    """With our LoadPlanner the global step sees plans without items, read_data gets them
+    all back, and the values are the saved ones."""
+    from shardspec.reshard.dcp import LoadPlanner
+
+    sd = _save_small(tmp_path)
+    out, seen, read = _load_counting(tmp_path, LoadPlanner())
+    assert seen == [0] and read == 3, (seen, read)
+    for k, v in sd.items():
+        assert same_bits(out[k], v), k
+
+
+@pytest.mark.rule("CKPT-18")
+def test_a_planner_with_its_own_global_step_gets_every_read_item(tmp_path: Path) -> None:
+    """A planner whose global step may look at the items (DCP's default, a subclass of ours
+    that overrides create_global_plan) sees them all, as DCP sends them."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    from shardspec.reshard.dcp import LoadPlanner
+
+    class Custom(LoadPlanner):  # type: ignore[misc]
+        def create_global_plan(self, plans: list[Any]) -> list[Any]:
+            return list(plans)
+
+    sd = _save_small(tmp_path)
+    for planner in (DefaultLoadPlanner(), Custom()):
+        out, seen, read = _load_counting(tmp_path, planner)
+        assert seen == [3] and read == 3, (type(planner).__name__, seen, read)
+        for k, v in sd.items():
+            assert same_bits(out[k], v), (type(planner).__name__, k)
+
+
+@pytest.mark.rule("CKPT-18")
+def test_a_kept_plan_read_without_its_items_is_an_error(tmp_path: Path) -> None:
+    """read_data given a plan whose items stayed on another reader (or another load) raises,
+    naming what is missing, instead of loading nothing."""
+    from torch.distributed.checkpoint.planner import LoadPlan
+
+    from shardspec.reshard.dcp import FileSystemReader, LoadPlanner
+    from shardspec.reshard.dcp_reader import PLAN_STAYS_LOCAL, CheckpointReadError
+
+    _save_small(tmp_path)
+
+    keeper, other = FileSystemReader(tmp_path), FileSystemReader(tmp_path)
+    kept = keeper.prepare_local_plan(LoadPlan([], planner_data=PLAN_STAYS_LOCAL))
+    with pytest.raises(CheckpointReadError, match="without the read items this rank kept"):
+        other.read_data(kept, LoadPlanner())

@@ -73,7 +73,7 @@ from torch.distributed.tensor import DTensor
 from shardspec.metadata import Box, Layout, Shard
 from shardspec.metadata.checkpoint import ChunkError, check_chunks, chunk_verdict
 
-from .dcp_reader import CheckpointReadError, FileSystemReader
+from .dcp_reader import PLAN_STAYS_LOCAL, CheckpointReadError, FileSystemReader
 from .planner import plan
 
 _E = TypeVar("_E", bound=BaseException)
@@ -164,7 +164,20 @@ class LoadPlanner(DefaultLoadPlanner):  # type: ignore[misc]
                     f"but found {type(smd)}"
                 ) from e
             items += read_items_for_chunks(fqn, smd, local)
-        return LoadPlan(items)
+        # Our global step leaves the plans as they are: say so, so that our reader may keep
+        # the items on this rank instead of sending them through DCP's gather and scatter.
+        stays = (
+            type(self).create_global_plan is LoadPlanner.create_global_plan
+            and type(self).finish_plan is LoadPlanner.finish_plan
+        )
+        return LoadPlan(items, planner_data=PLAN_STAYS_LOCAL if stays else None)
+
+    def create_global_plan(self, global_plan: list[LoadPlan]) -> list[LoadPlan]:
+        # No coordination on load, as DCP's default: each rank's plan is its own (CKPT-18).
+        return global_plan
+
+    def finish_plan(self, new_plan: LoadPlan) -> LoadPlan:
+        return new_plan
 
     def _use_pre_2_4_keys_if_needed(self, md: Metadata) -> None:
         # Checkpoints written before torch 2.4 flattened nested keys differently; like the
@@ -243,28 +256,53 @@ def _direct_read_items(
     fqn: str, chunks: list[ChunkStorageMetadata], local: list[ChunkStorageMetadata]
 ) -> list[ReadItem]:
     """The non-empty overlaps of every (local, saved) pair, as read items (CKPT-3)."""
-    items: list[ReadItem] = []
-    for di, d in enumerate(local):
-        d_off, d_size = tuple(d.offsets), tuple(d.sizes)
+    geometry = _direct_overlaps(
+        tuple((tuple(c.offsets), tuple(c.sizes)) for c in chunks),
+        tuple((tuple(c.offsets), tuple(c.sizes)) for c in local),
+    )
+    return [
+        ReadItem(
+            type=LoadItemType.TENSOR,
+            dest_index=MetadataIndex(fqn, local[di].offsets, di),
+            dest_offsets=dest_offsets,
+            storage_index=MetadataIndex(fqn, chunks[si].offsets, si),
+            storage_offsets=storage_offsets,
+            lengths=lengths,
+        )
+        for di, si, dest_offsets, storage_offsets, lengths in geometry
+    ]
+
+
+Overlap = tuple[int, int, torch.Size, torch.Size, torch.Size]
+
+
+@functools.lru_cache(maxsize=1024)
+def _direct_overlaps(
+    saved: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...],
+    local: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...],
+) -> tuple[Overlap, ...]:
+    """(local index, saved index, offsets in the local chunk, offsets in the saved chunk,
+    lengths) of each non-empty overlap: the layers of a model share their chunkings, so this
+    is worked out once per geometry (torch.Size is immutable: the items may share them)."""
+    out: list[Overlap] = []
+    for di, (d_off, d_size) in enumerate(local):
         d_end = tuple(o + n for o, n in zip(d_off, d_size))
-        for si, s in enumerate(chunks):
-            s_off = tuple(s.offsets)
+        for si, (s_off, s_size) in enumerate(saved):
             lo = tuple(map(max, s_off, d_off))
-            hi = tuple(map(min, (o + n for o, n in zip(s_off, s.sizes)), d_end))
+            hi = tuple(map(min, (o + n for o, n in zip(s_off, s_size)), d_end))
             lengths = tuple(b - a for a, b in zip(lo, hi))
             if any(n <= 0 for n in lengths):
                 continue
-            items.append(
-                ReadItem(
-                    type=LoadItemType.TENSOR,
-                    dest_index=MetadataIndex(fqn, d.offsets, di),
-                    dest_offsets=torch.Size(_minus(lo, d_off)),
-                    storage_index=MetadataIndex(fqn, s.offsets, si),
-                    storage_offsets=torch.Size(_minus(lo, s_off)),
-                    lengths=torch.Size(lengths),
+            out.append(
+                (
+                    di,
+                    si,
+                    torch.Size(_minus(lo, d_off)),
+                    torch.Size(_minus(lo, s_off)),
+                    torch.Size(lengths),
                 )
             )
-    return items
+    return tuple(out)
 
 
 class SavePlanner(DefaultSavePlanner):  # type: ignore[misc]

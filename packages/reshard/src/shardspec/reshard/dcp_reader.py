@@ -24,6 +24,7 @@ chunk once per read item and narrows it afterwards. This one, per rank and load:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import mmap
 import os
@@ -48,7 +49,13 @@ from .dcp_files import (
     read_file_range,
 )
 
-__all__ = ["WHOLE_ITEM_BYTES", "CheckpointReadError", "FileSystemReader", "ReadStats"]
+__all__ = [
+    "PLAN_STAYS_LOCAL",
+    "WHOLE_ITEM_BYTES",
+    "CheckpointReadError",
+    "FileSystemReader",
+    "ReadStats",
+]
 
 # A saved chunk up to this size is read whole, header and data in one pread: cheaper than
 # three small reads, and within the one-chunk buffer bound anyway.
@@ -57,6 +64,28 @@ WHOLE_ITEM_BYTES = 256 * 1024
 # few large files or one file of many chunks both spread over the pool.
 _TASK_BYTES = 64 * 2**20
 _TASK_CHUNKS = 2048
+
+
+class _PlanStaysLocal:
+    """A load plan's ``planner_data`` from a planner whose global step returns every plan
+    unchanged (our ``LoadPlanner``)."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _PlanStaysLocal)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+PLAN_STAYS_LOCAL = _PlanStaysLocal()
+
+
+@dataclass(frozen=True)
+class _KeptPlan:
+    """What a rank sends through DCP's plan gather and scatter in place of its read items,
+    which it keeps (CKPT-18): their count, to check it gets its own plan back."""
+
+    items: int
 
 
 class CheckpointReadError(RuntimeError):
@@ -112,6 +141,7 @@ class FileSystemReader(_DcpFileSystemReader):  # type: ignore[misc]
         self.trace_reads = trace_reads
         self.stats = ReadStats()
         self._md: Metadata | None = None
+        self._kept: LoadPlan | None = None
 
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
@@ -119,7 +149,31 @@ class FileSystemReader(_DcpFileSystemReader):  # type: ignore[misc]
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
         self._md = metadata
 
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        plan = super().prepare_local_plan(plan)
+        self._kept = None
+        if (
+            plan.planner_data == PLAN_STAYS_LOCAL
+            and plan.storage_data is None
+            and type(self).prepare_global_plan is FileSystemReader.prepare_global_plan
+        ):
+            # Neither the planner's global step nor ours reads the items: keep them here. DCP
+            # pickles every rank's plan to the coordinator and back, which for thousands of
+            # tensors costs more than reading them (CKPT-18).
+            self._kept = plan
+            return dataclasses.replace(plan, items=[], storage_data=_KeptPlan(len(plan.items)))
+        return plan
+
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        if isinstance(plan.storage_data, _KeptPlan):
+            kept = getattr(self, "_kept", None)
+            if kept is None or plan.items or len(kept.items) != plan.storage_data.items:
+                raise CheckpointReadError(
+                    f"{self.path}: the load plan came back without the read items this "
+                    f"rank kept ({plan.storage_data.items}); was this reader's "
+                    f"prepare_local_plan called for this load?"
+                )
+            plan, self._kept = kept, None
         self.stats = stats = ReadStats()
         chunks: dict[MetadataIndex, _Chunk] = {}
         fallback: list[ReadItem] = []

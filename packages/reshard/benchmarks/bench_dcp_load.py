@@ -26,8 +26,9 @@ i mod W == r, whole, into one buffer each, allocated and written before the cloc
 the destinations are). The protocol is ``dcp.load`` with our planner and a reader that
 reads nothing: what DCP's load costs around the data (metadata on every rank, planning, the
 plan exchange, the final gather), which no reader can remove; ``reading`` is ours minus it.
-Before anything is reported, every rank checks that both loaders loaded the same bytes. Files are in the page cache after the
-untimed run: this measures the reading code, not the disk.
+Before anything is reported, every rank checks that both loaders loaded the same bytes.
+Files are in the page cache after the untimed run: this measures the reading code, not the
+disk.
 
 ``inspect``: ``shardspec inspect --no-layout`` on a synthetic 10,000-tensor checkpoint (4
 chunks each), against DCP's own way to the same metadata (``pickle.load`` of ``.metadata``

@@ -132,13 +132,13 @@ def replica_cases(draw: st.DrawFn) -> tuple[Layout, Layout, torch.Tensor, Spoil]
 
 
 def test_replica_cases_draw_nothing_the_executor_refuses() -> None:
-    """Meta: 500 draws, none thrown away and every rank of both layouts inside the pool (the
+    """Meta: 300 draws, none thrown away and every rank of both layouts inside the pool (the
     executor refuses a layout naming a rank beyond its group; an assume discarded those
     draws, one in seven), both layouts valid, and a spoilable replica among them."""
 
     spoiled = 0
 
-    @settings(max_examples=500, database=None, deadline=None)
+    @settings(max_examples=300, database=None, deadline=None)
     @given(st.data())
     def prop(data: st.DataObject) -> None:
         nonlocal spoiled
@@ -151,7 +151,7 @@ def test_replica_cases_draw_nothing_the_executor_refuses() -> None:
         spoiled += spoil is not None
 
     prop()
-    assert spoiled, "no changed replica in 500 draws"
+    assert spoiled, "no changed replica in 300 draws"
 
 
 @pytest.mark.rule("RESHARD-13", "RESHARD-1")

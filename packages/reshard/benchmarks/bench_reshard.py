@@ -23,6 +23,7 @@ against a naive all-pairs planner at a smaller size.
 
     python packages/reshard/benchmarks/bench_reshard.py            # quick: 4 and 16 MiB
     python packages/reshard/benchmarks/bench_reshard.py --full     # 64 and 256 MiB
+    python packages/reshard/benchmarks/bench_reshard.py --cases replicas  # RESHARD-13's cost
 """
 
 from __future__ import annotations
@@ -440,12 +441,18 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--methods", default="floor,shardspec,dtensor,sharded,dcp")
+    ap.add_argument(
+        "--cases",
+        default="tensor,replicas,state_dict,planning",
+        help="which cases run (comma-separated; all by default)",
+    )
     args, _ = ap.parse_known_args()
     from shardspec.testing import RankPool
 
     sizes = [64, 256] if args.full else [4, 16]
     sd_side = (64, 64) if args.full else (16, 16)
     methods = args.methods.split(",")
+    cases = set(args.cases.split(","))
     print(
         f"bench_reshard: {'full' if args.full else 'quick'} mode, sizes {sizes} MiB float32, "
         f"{args.reps} repeats, best of the max over ranks; gloo on {os.cpu_count()} cores"
@@ -460,7 +467,7 @@ def main() -> None:
             pool = RankPool(world, timeout=900, env={"PYTHONPATH": path})
             try:
                 print(f"\nworld size {world}")
-                for mib in sizes:
+                for mib in sizes if "tensor" in cases else []:
                     for even in (True, False):
                         shape = tensor_shape(mib, world, even)
                         ms = [m for m in methods if even or m != "sharded"]
@@ -483,7 +490,7 @@ def main() -> None:
                                 _fmt(merged, f"{mib} MiB {shape} Shard(0)->Shard(1), {kind}{note}")
                             )
                         )
-                for mib in sizes:
+                for mib in sizes if "replicas" in cases else []:
                     shape = tensor_shape(mib, world, True)
                     per_rank = pool.call(f"{me}:bench_replicas", shape, args.reps)
                     merged = {
@@ -498,6 +505,8 @@ def main() -> None:
                     }
                     label = f"{mib} MiB {shape} replicated on every rank -> Shard(1)"
                     print("\n".join(_fmt(merged, label)))
+                if "state_dict" not in cases:
+                    continue
                 n = 1000
                 per_rank = pool.call(f"{me}:bench_state_dict", n, sd_side, methods, args.reps, tmp)
                 merged = {
@@ -522,6 +531,8 @@ def main() -> None:
                 pool.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if "planning" not in cases:
+        return
     print("\nplanning")
     for line in bench_planning(100_000, 1000):
         print("  " + line)

@@ -7,7 +7,8 @@ import random
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis.errors import UnsatisfiedAssumption
 from reshard_cases import (
     DTYPES,
     Case,
@@ -71,13 +72,48 @@ def test_random_cases_match_reference_bit_for_bit(pool: RankPool, seed: int) -> 
 @st.composite
 def pool_cases(draw: st.DrawFn) -> Case:
     shape = draw(shapes(max_dims=3, max_side=6))
-    src = draw(valid_layouts(st.just(shape), max_ranks=WORLD))
-    dst = draw(valid_layouts(st.just(shape), max_ranks=WORLD))
-    assume(max(src.ranks + dst.ranks, default=0) < WORLD)  # replicas may name extra ranks
+    # world=: replicas stay on the pool's ranks (the executor rightly refuses a layout naming
+    # a rank beyond its group); an assume here threw away one draw in seven
+    src = draw(valid_layouts(st.just(shape), world=WORLD))
+    dst = draw(valid_layouts(st.just(shape), world=WORLD))
     dtype = draw(st.sampled_from(DTYPES))
     budget = draw(st.sampled_from([None, 16, 64, 1000]))
     full = random_tensor(shape, dtype, draw(st.integers(0, 2**31)))
     return Case(f"hypothesis {shape} {dtype}", src, dst, full, draw(st.booleans()), budget)
+
+
+def _refusal(src: Layout, dst: Layout) -> str | None:
+    """What the executor would refuse in a pair of layouts on a group of WORLD ranks before
+    moving data (a rank beyond the group, or a layout its planner rejects), or None."""
+    for name, layout in (("source", src), ("destination", dst)):
+        beyond = [r for r in layout.ranks if r >= WORLD]
+        if beyond:
+            return f"the {name} layout names ranks {beyond} beyond the {WORLD} of the group"
+    for r in range(WORLD):
+        plan(src, dst, r)  # raises LayoutError on what the planner refuses
+    return None
+
+
+def test_pool_cases_draw_nothing_the_executor_refuses() -> None:
+    """Meta: 300 draws, none refused and none thrown away (the strategy drew replicas on
+    ranks beyond the pool, which an assume discarded: one draw in seven), some with
+    replicas among them."""
+    seen_replicas = False
+
+    @settings(max_examples=300, database=None, deadline=None)
+    @given(st.data())
+    def prop(data: st.DataObject) -> None:
+        nonlocal seen_replicas
+        try:
+            case = data.draw(pool_cases())
+        except UnsatisfiedAssumption:
+            raise AssertionError("pool_cases threw a draw away") from None
+        assert _refusal(case.src, case.dst) is None
+        boxes = [s.box for s in case.src.shards if s.box.numel]
+        seen_replicas |= len(boxes) > len(set(boxes))
+
+    prop()
+    assert seen_replicas, "no source with replicas in 300 draws"
 
 
 @pytest.mark.rule("RESHARD-1")
@@ -86,7 +122,6 @@ def pool_cases(draw: st.DrawFn) -> Case:
     suppress_health_check=[
         HealthCheck.function_scoped_fixture,
         HealthCheck.too_slow,
-        HealthCheck.filter_too_much,
     ],
 )
 @given(case=pool_cases())

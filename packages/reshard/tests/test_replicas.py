@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis.errors import UnsatisfiedAssumption
 from reshard_cases import DTYPES, random_tensor, run_single
 from reshard_fault_cases import all_raise, run_state_dict_kwargs
 
@@ -115,9 +116,10 @@ def replica_cases(draw: st.DrawFn) -> tuple[Layout, Layout, torch.Tensor, Spoil]
     """Source layouts with replicas (and without), any dtype; maybe one changed copy: a
     non-empty replica that is not its box's first owner's."""
     shape = draw(shapes(max_dims=3, max_side=5))
-    src = draw(valid_layouts(st.just(shape), max_ranks=WORLD))
-    dst = draw(valid_layouts(st.just(shape), max_ranks=WORLD))
-    assume(max(src.ranks + dst.ranks, default=0) < WORLD)  # replicas may name extra ranks
+    # world=: replicas stay on the pool's ranks (the executor rightly refuses a layout naming
+    # a rank beyond its group); an assume here threw away one draw in seven
+    src = draw(valid_layouts(st.just(shape), world=WORLD))
+    dst = draw(valid_layouts(st.just(shape), world=WORLD))
     full = random_tensor(shape, draw(st.sampled_from(DTYPES)), draw(st.integers(0, 2**31)))
     spoilable: list[tuple[int, int]] = []
     for r in range(WORLD):
@@ -129,13 +131,35 @@ def replica_cases(draw: st.DrawFn) -> tuple[Layout, Layout, torch.Tensor, Spoil]
     return src, dst, full, spoil
 
 
+def test_replica_cases_draw_nothing_the_executor_refuses() -> None:
+    """Meta: 300 draws, none thrown away and every rank of both layouts inside the pool (the
+    executor refuses a layout naming a rank beyond its group; an assume discarded those
+    draws, one in seven), both layouts valid, and a spoilable replica among them."""
+
+    spoiled = 0
+
+    @settings(max_examples=300, database=None, deadline=None)
+    @given(st.data())
+    def prop(data: st.DataObject) -> None:
+        nonlocal spoiled
+        try:
+            src, dst, _, spoil = data.draw(replica_cases())
+        except UnsatisfiedAssumption:
+            raise AssertionError("replica_cases threw a draw away") from None
+        assert max(src.ranks + dst.ranks, default=0) < WORLD, (src, dst)
+        assert src.is_valid() and dst.is_valid()
+        spoiled += spoil is not None
+
+    prop()
+    assert spoiled, "no changed replica in 300 draws"
+
+
 @pytest.mark.rule("RESHARD-13", "RESHARD-1")
 @settings(
     max_examples=40,
     suppress_health_check=[
         HealthCheck.function_scoped_fixture,
         HealthCheck.too_slow,
-        HealthCheck.filter_too_much,
     ],
 )
 @given(case=replica_cases())

@@ -37,6 +37,30 @@ def test_load_and_a_slow_calibration_stretch_the_limits(monkeypatch: pytest.Monk
 
 
 @pytest.mark.rule("CONF-3")
+def test_the_measured_factor_stops_at_ten_but_an_override_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SHARDSPEC_TIME_SCALE", raising=False)
+    monkeypatch.setattr(timing, "_calibrated", 1.0)
+    monkeypatch.setattr(timing.os, "cpu_count", lambda: 2)
+    # conformance_scale's 1024 simulated ranks: load about 240 on 2 cores, not 120x slower.
+    monkeypatch.setattr(timing.os, "getloadavg", lambda: (240.0, 200.0, 120.0))
+    assert slowness() == 10.0 and scaled(632) == 6320.0
+    # Eight busy processes beside the suite on 2 cores: the full factor, under the cap.
+    monkeypatch.setattr(timing.os, "getloadavg", lambda: (10.0, 9.0, 8.0))
+    assert slowness() == 5.0
+    monkeypatch.setattr(timing.os, "getloadavg", lambda: (19.0, 9.0, 8.0))
+    assert slowness() == 9.5  # just under the cap: still the load itself
+    monkeypatch.setattr(timing.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(timing, "_calibrated", 50.0)  # calibrated amid a burst of threads
+    assert slowness() == 10.0
+    monkeypatch.setattr(timing, "_calibrated", 7.5)
+    assert slowness() == 7.5
+    monkeypatch.setenv("SHARDSPEC_TIME_SCALE", "40")  # a person who knows the machine
+    assert slowness() == 40.0
+
+
+@pytest.mark.rule("CONF-3")
 def test_a_slow_call_on_a_slow_machine_passes_and_a_hang_still_fails(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -128,12 +128,18 @@ def _dedupe_rank_boxes(layout: Layout) -> Layout:
 
 
 @st.composite
-def with_replicas(draw: st.DrawFn, layout: Layout, *, max_extra_ranks: int = 3) -> Layout:
-    """Add replicas: copies of some boxes on ranks that do not already hold them."""
+def with_replicas(
+    draw: st.DrawFn, layout: Layout, *, max_extra_ranks: int = 3, world: int | None = None
+) -> Layout:
+    """Add replicas: copies of some boxes on ranks that do not already hold them, up to
+    ``max_extra_ranks`` above the layout's top rank, and below ``world`` when given (the
+    ranks of a process group, which a resharding refuses to go beyond)."""
     shards = list(layout.shards)
     if not shards:
         return layout
     top = max(s.rank for s in shards) + max_extra_ranks
+    if world is not None:
+        top = min(top, world - 1)
     for s in draw(st.lists(st.sampled_from(layout.shards), max_size=4)):
         rank = draw(st.integers(0, top))
         if all(not (t.box == s.box and t.rank == rank) for t in shards):
@@ -155,8 +161,13 @@ def valid_layouts(
     max_ranks: int = 6,
     replicas: bool = True,
     shuffle: bool = True,
+    world: int | None = None,
 ) -> Layout:
-    """Any valid layout: chunked, grid or guillotine, with replicas and shuffled order."""
+    """Any valid layout: chunked, grid or guillotine, with replicas and shuffled order.
+    ``world``: every rank below it (a layout of a process group of that many ranks; without
+    it, replicas may name ranks up to three above ``max_ranks``)."""
+    if world is not None:
+        max_ranks = min(max_ranks, world)
     shp = draw(shape if shape is not None else shapes())
     fixed = st.just(shp)
     options = [grid_layouts(fixed, max_ranks=max_ranks)]
@@ -167,7 +178,7 @@ def valid_layouts(
         ]
     layout = draw(st.one_of(options))
     if replicas and draw(st.booleans()):
-        layout = draw(with_replicas(layout))
+        layout = draw(with_replicas(layout, world=world))
     if shuffle:
         layout = draw(permuted(layout))
     return layout

@@ -167,6 +167,18 @@ def test_redistribute_on_a_mesh_in_any_rank_order_holds_the_oracles_pieces(
     _check_moved(impl, pools, m, False, t)
 
 
+# The defect's smallest cases, found by drawn examples (shrunk): a strict xfail must not rest
+# on the draw (the report's seeded run on torch 2.14.1 drew none and "passed").
+FLATTENED_2X2 = {
+    "shape": (2,),
+    "mesh": (2, 2),
+    "src": [["S", 0], ["S", 0]],
+    "dst": [["R"], ["R"]],
+    "order": list(range(4)),
+}
+FLATTENED_2X4 = {**FLATTENED_2X2, "mesh": (2, 4), "order": list(range(8))}
+
+
 @pytest.mark.rule("CONF-1", "DTENSOR-2", "RESHARD-8")
 @pytest.mark.known_defect(
     "torch",
@@ -177,20 +189,16 @@ def test_redistribute_on_a_mesh_in_any_rank_order_holds_the_oracles_pieces(
 )
 @pytest.mark.pool
 @given(moves(mesh_kind="flattened"), st.data())
+@example(FLATTENED_2X2, None)
 def test_redistribute_on_a_flattened_mesh_holds_the_oracles_pieces(
-    impl: Impl, pools: Any, m: dict[str, Any], data: st.DataObject
+    impl: Impl, pools: Any, m: dict[str, Any], data: st.DataObject | None
 ) -> None:
-    t = data.draw(tensors(m["shape"], dtypes()), label="tensor")
+    t = (
+        torch.arange(math.prod(m["shape"]), dtype=torch.float32).reshape(m["shape"])
+        if data is None
+        else data.draw(tensors(m["shape"], dtypes()), label="tensor")
+    )
     _check_moved(impl, pools, m, True, t)
-
-
-FLATTENED_2X4 = {
-    "shape": (2,),
-    "mesh": (2, 4),
-    "src": [["S", 0], ["S", 0]],
-    "dst": [["R"], ["R"]],
-    "order": list(range(8)),
-}
 
 
 @pytest.mark.rule("CONF-1", "DTENSOR-2", "RESHARD-8")

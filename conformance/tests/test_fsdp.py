@@ -102,6 +102,9 @@ def _tp_piece(g: torch.Tensor, tp: list[Any], mesh: tuple[int, ...], rank: int) 
 @example(((8,), (2, 2), ["S", 0]), None)
 @example(((5, 3), (2, 1, 2), ["S", 1]), None)  # HSDP x TP: the FSDP dim is mesh dim 1
 @example(((7, 2), (1, 2, 2, 1), ["R"]), None)  # 4-D
+# uneven TP shard (3, 3, 1 rows): the defect's gloo abort, so that torch's verdict rests on no
+# draw (drawn ones also hung past the pool's timeout once, under load)
+@example(((7,), (1, 3), ["S", 0]), None)
 def test_chunk_dtensor_gathers_back_to_the_tp_piece(
     impl: Impl, pools: Any, c: Any, data: st.DataObject
 ) -> None:

@@ -40,15 +40,17 @@ settings.load_profile(
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "failure_matches(pattern): the expected failure of a known defect must have a message "
-        "matching pattern (shardspec.testing.defects.known_failure)",
+        "failure_matches(pattern, raises=None): the expected failure of a known defect must be "
+        "a `raises` whose message matches pattern, every one of an exception group "
+        "(shardspec.testing.defects.known_failure)",
     )
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[Any]:
-    # xfail(raises=...) checks the exception's type; the message is checked here, so that a
-    # known defect is only "reproduced" by its own failure
+    # xfail(raises=...) checks the exception's type, or lets an exception group through; the
+    # message, and each member of a group, is checked here, so that a known defect is only
+    # "reproduced" by its own failure
     report = yield
     mark = item.get_closest_marker("failure_matches")
     if mark is None or call.when != "call" or call.excinfo is None:
@@ -57,7 +59,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
         return report
     from shardspec.testing.defects import mismatch
 
-    why = mismatch(mark.args[0], call.excinfo.value)
+    why = mismatch(mark.args[0], call.excinfo.value, mark.kwargs.get("raises"))
     if why is not None:
         del report.wasxfail
         report.outcome = "failed"

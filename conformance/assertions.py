@@ -19,6 +19,8 @@ from shardspec.metadata import Box, Layout
 from shardspec.testing.protocol import tensor_bytes
 
 __all__ = [
+    "GLOO_ABORT",
+    "GLOO_SIZE_MISMATCH",
     "assert_boxes_equal",
     "assert_equal",
     "assert_layouts_equal",
@@ -27,6 +29,13 @@ __all__ = [
     "describe_layout",
     "fail",
 ]
+
+
+# A known defect's failure (CONF-14) when torch sends gloo a collective whose sizes differ
+# across ranks: gloo's enforce aborts the rank process (SIGABRT), and the pool reports the
+# death with the rank's output. A rank that hangs or dies of something else does not match.
+GLOO_SIZE_MISMATCH = "Received data size doesn't match expected size"
+GLOO_ABORT = rf"died \(exit code -6\)[\s\S]*{GLOO_SIZE_MISMATCH}"
 
 
 def fail(what: str, actual: Any, expected: Any, example: str, rule: str | None = None) -> None:

@@ -4,7 +4,8 @@
   (or ``SHARDSPEC_POOL_TIMEOUT``) the per-example timeout of the rank pool.
 - ``@pytest.mark.known_defect(impl, reason, issue=None, raises=None, match=None)`` on a test
   turns into ``xfail(strict=True, raises=raises)`` when that implementation is under test,
-  whose failure must match ``match`` (CONF-14).
+  whose failure must match ``match`` (CONF-14); of an exception group (Hypothesis found
+  several failures), every member must.
 - Tests whose every example was unsupported are skipped with "unsupported by <impl>: ...".
 - Under ``SHARDSPEC_BACKEND=nccl`` without enough GPUs every pool test skips with the reason.
 """
@@ -75,6 +76,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from conformance.impls import impl_name
+    from shardspec.testing.defects import xfail_raises
 
     current = impl_name()
     for item in items:
@@ -87,9 +89,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 # raises/match: the failure the defect shows (CONF-14); the root conftest
                 # fails an expected failure whose message does not match
                 raises = mark.kwargs.get("raises")
-                item.add_marker(pytest.mark.xfail(strict=True, reason=text, raises=raises))
+                item.add_marker(
+                    pytest.mark.xfail(strict=True, reason=text, raises=xfail_raises(raises))
+                )
                 if "match" in mark.kwargs:
-                    item.add_marker(pytest.mark.failure_matches(mark.kwargs["match"]))
+                    item.add_marker(
+                        pytest.mark.failure_matches(mark.kwargs["match"], raises=raises)
+                    )
 
 
 @pytest.hookimpl(wrapper=True)

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,11 +33,17 @@ from shardspec.testing.loopback import loopback_store
 REPROS = Path(__file__).resolve().parent / "repros"
 # The fields every repro's DEFECT literal must state; see conformance/repros/README.md.
 REQUIRED = ("id", "title", "area", "rule", "upstream", "nproc", "torch_does", "spec_says")
+# The report runs repros on a thread pool, and CPython 3.11's parser is not thread-safe:
+# concurrent ast.parse calls raised "SystemError: AST constructor recursion depth mismatch"
+# in the torch 2.14.1 report run, which ended the whole report.
+_PARSE = threading.Lock()
 
 
 def read_defect(path: Path) -> dict[str, Any]:
     """The ``DEFECT = {...}`` literal at the top of a repro, read without running it."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    text = path.read_text()
+    with _PARSE:
+        tree = ast.parse(text, filename=str(path))
     for node in tree.body:
         if (
             isinstance(node, ast.Assign)

@@ -27,6 +27,8 @@ from .test_checkpoint import BURIED_EMPTY, EMPTY_AT_START, GAP, TWICE, chunks_va
     "torch",
     "DCP's load planning checks nothing: a checkpoint with a gap, an overlap or a chunk saved "
     "twice loads silently (stale or doubly written elements)",
+    raises=AssertionError,
+    match=r"refused=False, but should be True",
 )
 @given(st.one_of(perturbed_layouts(), valid_layouts(), large_layouts()))
 @example(TWICE)

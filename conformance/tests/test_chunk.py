@@ -81,6 +81,8 @@ def test_chunk_spec_follows_the_chunk_rule(impl: Impl, args: Any) -> None:
     "torch",
     "ChunkShardingSpec.build_metadata puts empty chunks past the end (offset 6 for a dim of 5 "
     "over 4 ranks), which its own check_tensor rejects",
+    raises=AssertionError,
+    match=r"^boxes_of\(\d+\)=.*, but should be .* \[chunk\(",
 )
 @given(uneven_chunk_args())
 def test_chunk_spec_puts_empty_chunks_at_n(impl: Impl, args: Any) -> None:
@@ -115,6 +117,9 @@ def test_reshard_path_puts_empty_chunks_at_n(impl: Impl, args: Any) -> None:
     "tensor/parallel/fsdp.py _get_box computes offsets with floor division: for 5 rows on 2 "
     "ranks rank 1 holds [3, 5) but is reported at offset 2",
     issue="PR #188947",
+    raises=AssertionError,
+    # the floor offset names rows the rank does not hold: other bytes, or a box past the end
+    match=r"^rank\d+\.(box fits=False, but should be True|local\.flat\[\d+\]=.*; bytes differ\])",
 )
 @pytest.mark.pool
 @given(st.integers(1, MAX_WORLD), shapes(min_dims=1, max_dims=3, max_side=7), st.data())
@@ -144,6 +149,8 @@ def _rows_tensor(shape: tuple[int, ...], dtype: Any) -> torch.Tensor:
     "fsdp/_shard_utils.py _create_chunk_sharded_tensor lists only the chunks torch.chunk "
     "returns: with more ranks than rows (2 rows on 3 ranks) the empty chunk of rank 2 is "
     "dropped from the metadata, so the ShardedTensor names no box for that rank",
+    raises=AssertionError,
+    match=r"^rank\d+\.metadata\(\)\.boxes_of\(\d+\)=\[\], but should be ",
 )
 @pytest.mark.pool
 @given(st.integers(1, MAX_WORLD), shapes(min_dims=1, max_dims=3, max_side=7), dtypes())
@@ -177,6 +184,10 @@ def test_fsdp_chunk_sharded_tensor_lists_every_chunk(
     "(offsets 0, 2, 4 for sizes 3, 3, 1) has overlapping boxes, so the call raises an overlap "
     "error; for even splits it names rank 1 as the owner of the other ranks' shards",
     issue="PR #188947",
+    raises=AssertionError,
+    match=r"(?s)^rank\d+\.outer\.metadata\(\)[.\w()]*=.*, but should be |raised in "
+    r"'fsdp\.chunk_dtensor'.*ValueError: Shards ShardMetadata\(.*\) and ShardMetadata\(.*\) "
+    r"overlap",
 )
 @pytest.mark.pool
 @given(st.integers(1, MAX_WORLD), shapes(min_dims=1, max_dims=2, max_side=7), dtypes())

@@ -141,10 +141,14 @@ DTENSOR_DEFECT_CHUNK_LIST = (
     "blocks (3 rows, [_StridedShard(0, split_factor=2)] on 2 ranks: rank 0 holds rows 0 and 2) "
     "is described as the one block [0, 2), so DCP would save row 1's place with row 2's data"
 )
+# what the defect gives: one box where the rank's data sits in several pieces
+CHUNK_LIST_FAILURE = r"^rank\d+\.chunks=\['[^']*'\], but should be \['[^']*', '"
 
 
 @pytest.mark.rule("CONVERT-7", "DTENSOR-7", "CONF-1")
-@pytest.mark.known_defect("torch", DTENSOR_DEFECT_CHUNK_LIST)
+@pytest.mark.known_defect(
+    "torch", DTENSOR_DEFECT_CHUNK_LIST, raises=AssertionError, match=CHUNK_LIST_FAILURE
+)
 @pytest.mark.pool
 @given(DTENSOR_CASES, st.data())
 @example(((3,), (2,), [["SS", 0, 2]]), None)
@@ -158,7 +162,9 @@ def test_dtensor_chunk_list_is_where_the_local_data_sits(
 
 
 @pytest.mark.rule("CONVERT-7", "DTENSOR-7", "CONF-1")
-@pytest.mark.known_defect("torch", DTENSOR_DEFECT_CHUNK_LIST)
+@pytest.mark.known_defect(
+    "torch", DTENSOR_DEFECT_CHUNK_LIST, raises=AssertionError, match=CHUNK_LIST_FAILURE
+)
 @given(dtensor_pool_cases(negative_dims=False, worlds=local_worlds()), st.data())
 @example(((3, 2), (2, 2, 2), [["R"], ["SS", 0, 2], ["R"]]), None)
 def test_dtensor_chunk_lists_on_every_rank_of_a_large_mesh(

@@ -140,6 +140,8 @@ def test_empty_chunks_sit_at_n(impl: Impl, dcase: Any) -> None:
     "compute_local_shape_and_global_offset puts every empty shard at the global dim size, "
     "nested ones too (5 rows on a 2x4 mesh with [Shard(0), Shard(0)]: coordinate (0, 3) is "
     "reported at offset 5, not at its parent's end 3)",
+    raises=AssertionError,
+    match=r"^boxes_at\([\d, ]+\)\[\d+\]\.offsets\[\d+\]=\d+, but should be \d+ ",
 )
 @given(nested_empty_cases())
 def test_nested_empty_pieces_sit_at_the_end_of_their_parent(impl: Impl, dcase: Any) -> None:

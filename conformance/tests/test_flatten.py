@@ -66,6 +66,8 @@ CASE_EMPTY_OWNER = {
     "checkpoint/_sharded_tensor_utils.py _flatten_sharded_tensors drops a ShardedTensor with no "
     "local shard on this rank (the key is missing there), and FSDP1's _chunk_tensor states the "
     "flat shards on a stand-in rank",
+    raises=AssertionError,
+    match=r"^rank\d+\.(keys|[\w.]+)=.*, but should be ",
 )
 @given(flatten_cases())
 @example(CASE_EMPTY_OWNER)

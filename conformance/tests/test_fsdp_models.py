@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from conformance.assertions import GLOO_ABORT
 from conformance.cases import case
 from conformance.fsdp_models import fsdp1_tp_world, fsdp2_tp_world, run_world
 from conformance.impls import Impl
@@ -49,6 +50,8 @@ def _check(results: dict[int, tuple[str, Any]], keys: tuple[str, ...]) -> None:
     "expected size'): its DTensor.from_local gets no shape, so each TP rank infers another global "
     "size; not reported upstream (repro fsdp1-tp-uneven-state-dict-aborts); fixed by our "
     "extension",
+    raises=AssertionError,
+    match=rf"^ranks failed:\n[\s\S]*{GLOO_ABORT}",
 )
 def test_fsdp1_tp_uneven_mlp_local_state_is_the_reference_slice(impl: Impl) -> None:
     with case():

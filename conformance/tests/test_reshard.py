@@ -11,11 +11,17 @@ import torch
 from hypothesis import example, given
 
 from conformance import reference
-from conformance.assertions import assert_equal, assert_tensor_bitwise, describe_layout
+from conformance.assertions import (
+    GLOO_ABORT,
+    assert_equal,
+    assert_tensor_bitwise,
+    describe_layout,
+)
 from conformance.cases import case
 from conformance.impls import Impl
 from conformance.strategies_streams import reshard_cases, state_dict_cases
 from shardspec.metadata import chunk_layout
+from shardspec.testing import RankCrash
 
 
 def _known_case(dim: int, ranks: list[int]) -> dict[str, Any]:
@@ -38,6 +44,9 @@ def _known_case(dim: int, ranks: list[int]) -> dict[str, Any]:
     "ShardedTensor.reshard picks the wrong sender when only the rank order changes "
     "(reshuffle_local_shard) and uses list all_to_all, which gloo rejects for uneven sizes "
     "(reshard_local_shard)",
+    raises=(AssertionError, RankCrash),
+    match=rf"{GLOO_ABORT}|(?s:raised in 'reshard\.torch_sharded'.*ProcessGroupGloo::scatter: "
+    r"invalid tensor size)",
 )
 @given(reshard_cases())
 @example(_known_case(0, [1, 2, 3, 0]))  # upstream: the wrong sender, gloo aborts

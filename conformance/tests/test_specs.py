@@ -65,10 +65,16 @@ INFER_DEFECT = (
     "(offset split*i, as build_metadata writes them), so a chunk layout with its empty chunk "
     "at n is inferred Enumerable"
 )
+# the wrong answer the defect gives: a chunk spec for a layout no chunking gives, or the
+# chunk layout's ranks and boxes lost to Enumerable
+INFER_FAILURE = (
+    r"^(is_chunk_spec|isinstance\(spec, ChunkShardingSpec\)|infer_spec\(L\)[.\w()]*)=.*, "
+    r"but should be "
+)
 
 
 @pytest.mark.rule("SPEC-3", "SPEC-1")
-@pytest.mark.known_defect("torch", INFER_DEFECT)
+@pytest.mark.known_defect("torch", INFER_DEFECT, raises=AssertionError, match=INFER_FAILURE)
 @given(LAYOUTS)
 @example(MIXED_DIMS)
 @example(EMPTY_AT_N)
@@ -99,6 +105,8 @@ def _with_order(layout: Layout) -> st.SearchStrategy[tuple[Layout, list[int]]]:
     "_infer_sharding_spec_from_shards_metadata depends on shard order: it treats dim 0 as "
     "'unset', so the (1, 1, 0) layout A=[1,0,0]+[0,1,0] (rank 0), B=[0,1,0]+[1,0,0] (rank 1) "
     "is a chunk spec on dim 1 in the order A, B and Enumerable in the order B, A",
+    raises=AssertionError,
+    match=r"^infer\(reordered\)='\w+(\(dim=\d+\))?', but should be ",
 )
 @given(LAYOUTS.flatmap(_with_order))
 @example((MIXED_DIMS, [1, 0]))
@@ -124,7 +132,7 @@ _MANY = st.one_of(LAYOUTS, chunkings_with_many_ranks())
 
 
 @pytest.mark.rule("SPEC-3", "SPEC-1")
-@pytest.mark.known_defect("torch", INFER_DEFECT)
+@pytest.mark.known_defect("torch", INFER_DEFECT, raises=AssertionError, match=INFER_FAILURE)
 @given(_MANY)
 @example(MIXED_DIMS)
 @example(chunk_layout((7, 3), 1, [2, 0, 1]))
@@ -137,7 +145,7 @@ def test_inferred_spec_gives_back_the_layout_ranks_included(impl: Impl, layout: 
 
 
 @pytest.mark.rule("CONVERT-3", "CONVERT-4")
-@pytest.mark.known_defect("torch", INFER_DEFECT)
+@pytest.mark.known_defect("torch", INFER_DEFECT, raises=AssertionError, match=INFER_FAILURE)
 @given(_MANY)
 @example(MIXED_DIMS)
 @example(EMPTY_AT_N)

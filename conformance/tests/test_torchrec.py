@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from conformance.assertions import assert_equal, fail
+from conformance.assertions import GLOO_SIZE_MISMATCH, assert_equal, fail
 from conformance.cases import case
 from conformance.impls import Impl
 from shardspec.metadata import Box, Layout, LayoutError
@@ -140,7 +140,10 @@ def test_torchrec_layout_matches_the_owner_map(
 
 @pytest.mark.rule("TORCHREC-3")
 @pytest.mark.known_defect(
-    "torch", "torchrec row_wise() divides by a block size of 0 on a table with 0 rows"
+    "torch",
+    "torchrec row_wise() divides by a block size of 0 on a table with 0 rows",
+    raises=ZeroDivisionError,
+    match=r"division (or modulo )?by zero",
 )
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_torchrec_row_wise_of_a_table_with_no_rows(impl: Impl, world: int) -> None:
@@ -154,6 +157,8 @@ def test_torchrec_row_wise_of_a_table_with_no_rows(impl: Impl, world: int) -> No
     "torch",
     "torchrec grid_shard(host_indexes) with fewer hosts than column blocks drops the blocks "
     "that have no host (a gap) instead of refusing",
+    raises=AssertionError,
+    match=r"^layout\.valid=False, but should be True \[grid_shard\(",
 )
 def test_torchrec_grid_with_too_few_hosts_is_refused(impl: Impl) -> None:
     ex = "grid_shard((10, 256), host_indexes=[1], local_size=2, world=4)"
@@ -204,7 +209,10 @@ def test_wrapper_of_column_blocks(impl: Impl, stack: Any) -> None:
 
 @pytest.mark.rule("TORCHREC-11")
 @pytest.mark.known_defect(
-    "torch", "LocalShardsWrapper sums 2-D shard shapes along dim 1 even for a row-wise stack"
+    "torch",
+    "LocalShardsWrapper sums 2-D shard shapes along dim 1 even for a row-wise stack",
+    raises=AssertionError,
+    match=r"^wrapper\.shape=\(\d+, \d+\), but should be \(\d+, \d+\) \[wrapper\(",
 )
 @given(stacks(0))
 def test_wrapper_of_row_blocks(impl: Impl, stack: Any) -> None:
@@ -215,6 +223,8 @@ def test_wrapper_of_row_blocks(impl: Impl, stack: Any) -> None:
 @pytest.mark.known_defect(
     "torch",
     "LocalShardsWrapper zips shards with offsets, silently dropping the shards that have no offset",
+    raises=AssertionError,
+    match=r"^wrapper=\(.*\), but should be 'refused' \[wrapper\(",
 )
 def test_wrapper_refuses_a_short_offsets_list(impl: Impl) -> None:
     ex = "wrapper(shards=[(2, 4), (3, 4)], offsets=[(0, 0)])"
@@ -259,7 +269,12 @@ def _model_reshard(impl: Impl, pair: str, hash_seed: str) -> None:
             try:
                 answers = pool.call_all(move_and_check, impl.via, timeout=MOVE_TIMEOUT)
             except RankCrash as e:
-                why = str(e).splitlines()[0]
+                text = str(e)
+                # the first line says which rank died or hung; a rank that gloo aborted also
+                # names gloo's complaint, which tells the known defect from another death
+                why = text.splitlines()[0]
+                if GLOO_SIZE_MISMATCH in text:
+                    why += f"; gloo: {GLOO_SIZE_MISMATCH}"
                 fail(
                     "ranks",
                     f"hung or died while moving the tables ({why})",
@@ -286,6 +301,10 @@ def _model_reshard(impl: Impl, pair: str, hash_seed: str) -> None:
     "process, so the ranks' tags differ and gloo, which matches tags, never completes the "
     "transfer (NCCL ignores tags); not reported upstream "
     "(repro torchrec-reshard-tags-from-salted-hash)",
+    raises=AssertionError,
+    # the defect is a hang in the move itself: building the models must have succeeded
+    match=r"^ranks=.hung or died while moving the tables \(rank\(s\) \[[\d, ]+\] did not "
+    r"answer within ",
 )
 def test_torchrec_model_reshard_between_plans_holds_the_reference(impl: Impl) -> None:
     # Every process salts str hashes on its own, as Python does by default.
@@ -308,6 +327,9 @@ def test_torchrec_model_reshard_between_plans_holds_the_reference(impl: Impl) ->
                 "blocks posts a 0-byte receive for the second and gloo aborts ('Received data "
                 "size doesn't match expected size'); not reported upstream "
                 "(repro torchrec-reshard-two-blocks-on-a-rank)",
+                raises=AssertionError,
+                match=r"^ranks=.hung or died while moving the tables \(rank \d+ died \(exit "
+                rf"code -6\)[^']*; gloo: {GLOO_SIZE_MISMATCH}",
             ),
         ),
     ],

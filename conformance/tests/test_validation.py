@@ -47,10 +47,14 @@ ZERO_SIZE_DEFECT = (
     "the valid layout of a (1, 0) tensor with [0,0]+[1,0] on ranks 0 and 1 and [0,0]+[0,0] on "
     "rank 0 is refused"
 )
+# the defect refuses valid layouts; accepting an invalid one would be another defect
+REFUSES_A_VALID_LAYOUT = r"^torch\.validate='rejected', but should be 'accepted' "
 
 
 @pytest.mark.rule("LAYOUT-1", "LAYOUT-2", "LAYOUT-3")
-@pytest.mark.known_defect("torch", ZERO_SIZE_DEFECT)
+@pytest.mark.known_defect(
+    "torch", ZERO_SIZE_DEFECT, raises=AssertionError, match=REFUSES_A_VALID_LAYOUT
+)
 @given(perturbed_layouts())
 @example(EMPTY_REPLICAS)
 def test_validator_agrees_with_the_oracle(impl: Impl, layout: Layout) -> None:
@@ -58,7 +62,9 @@ def test_validator_agrees_with_the_oracle(impl: Impl, layout: Layout) -> None:
 
 
 @pytest.mark.rule("LAYOUT-1", "LAYOUT-2", "LAYOUT-3", "BOX-3")
-@pytest.mark.known_defect("torch", ZERO_SIZE_DEFECT)
+@pytest.mark.known_defect(
+    "torch", ZERO_SIZE_DEFECT, raises=AssertionError, match=REFUSES_A_VALID_LAYOUT
+)
 @given(valid_layouts())
 @example(EMPTY_REPLICAS)
 def test_validator_accepts_every_valid_layout(impl: Impl, layout: Layout) -> None:
@@ -70,6 +76,8 @@ def test_validator_accepts_every_valid_layout(impl: Impl, layout: Layout) -> Non
     "torch",
     "validate_non_overlapping_shards_metadata reports a zero-size shard lying inside another "
     "shard as an overlap",
+    raises=AssertionError,
+    match=REFUSES_A_VALID_LAYOUT,
 )
 @given(layouts_with_buried_empty_shard())
 @example(Layout((2,), [Shard(Box((0,), (2,)), 0), Shard(Box((1,), (0,)), 1)]))
@@ -142,6 +150,8 @@ EMPTY_MOVED_INSIDE = Layout(
     "torch",
     "validate_non_overlapping_shards_metadata reports a zero-size shard lying inside another "
     "shard as an overlap (here an empty chunk of a 80-rank chunking moved inside the last rows)",
+    raises=AssertionError,
+    match=REFUSES_A_VALID_LAYOUT,
 )
 @given(large_chunk_layouts(worlds=SCALE))
 @example(CHUNKING_80)
@@ -161,6 +171,8 @@ BIG_GRID_WITH_EMPTY = Layout(
     "torch",
     "validate_non_overlapping_shards_metadata reports a zero-size shard lying inside another "
     "shard as an overlap (here in a 128-cell grid)",
+    raises=AssertionError,
+    match=REFUSES_A_VALID_LAYOUT,
 )
 @given(large_grid_layouts(worlds=SCALE))
 @example(BIG_GRID_WITH_EMPTY)

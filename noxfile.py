@@ -20,6 +20,7 @@ from pathlib import Path
 
 import nox
 import tomllib  # the Python 3.11 standard library
+from nox.command import CommandFailed
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
@@ -285,24 +286,39 @@ SCALE_AREAS = (
 def coverage(session: nox.Session) -> None:
     """Branch coverage of packages/*/src by `nox -s conformance` alone (the same tests and
     examples; pool ranks and simulated ranks measured too), per module; fails under the floor
-    in pyproject.toml's [tool.coverage.report] and prints conformance/coverage-allow.txt, the
-    public functions' branches left uncovered on purpose, one reason each."""
+    in pyproject.toml's [tool.coverage.report]. conformance/coverage_audit.py prints every
+    uncovered line and branch of a public function with its reason from
+    conformance/coverage-allow.txt, and fails on any without one or on a reason that matches
+    nothing any more."""
     stack = install_stack(session, "coverage[toml]>=7.10")
     _, rest = split_args(session)
     session.env["SHARDSPEC_IMPL"] = "shardspec"
     # measured ranks run slower: a pool timeout would fail a test and hide what it reaches
     session.env["SHARDSPEC_POOL_TIMEOUT"] = os.environ.get("SHARDSPEC_POOL_TIMEOUT", "60")
+    # Derandomized (CI's profile) everywhere: with random draws the covered branches differ
+    # from run to run, and the audit below would flag a different few each time.
+    session.env["HYPOTHESIS_PROFILE"] = os.environ.get("HYPOTHESIS_PROFILE", "ci")
     shutil.rmtree(ROOT / ".coverage-conformance", ignore_errors=True)
     select = [] if "-m" in rest else ["-m", "not slow"]
     # pool ranks end with os._exit, after saving their data (shardspec.testing.worker)
     cov = [stack.python, "-m", "coverage"]
     session.run(*cov, "run", "-m", "pytest", "conformance/tests", *select, *rest)
     session.run(*cov, "combine", "-q")
-    session.log(
-        "Uncovered on purpose (conformance/coverage-allow.txt):\n"
-        + (ROOT / "conformance" / "coverage-allow.txt").read_text()
-    )
-    session.run(*cov, "report")
+    report = ROOT / ".coverage-conformance" / "coverage.json"
+    session.run(*cov, "json", "-q", "--fail-under=0", "-o", str(report))
+    # Both verdicts every run: the audit (each uncovered public line and branch with its
+    # reason, per-package figures) is printed even when the floor fails, and vice versa.
+    failed = []
+    for what, args in (
+        ("audit", [stack.python, "conformance/coverage_audit.py", str(report)]),
+        ("floor", [*cov, "report"]),
+    ):
+        try:
+            session.run(*args)
+        except CommandFailed:
+            failed.append(what)
+    if failed:
+        session.error(f"coverage: {' and '.join(failed)} failed (see above)")
 
 
 @nox.session(venv_backend="none")

@@ -69,8 +69,13 @@ def check_empty_chunks(build: ChunkFn, shape: tuple[int, ...], dim: int, ranks: 
     assert_equal("valid", reference.is_valid(got), True, f"{ex} -> {describe_layout(got)}")
 
 
+# More ranks than shardspec's chunk_layout caches layouts for (4096): its uncached path.
+MANY_RANKS = 4100
+
+
 @pytest.mark.rule("CHUNK-1", "CHUNK-3")
 @given(chunk_args())
+@example(((MANY_RANKS + 7,), 0, list(reversed(range(MANY_RANKS)))))
 def test_chunk_spec_follows_the_chunk_rule(impl: Impl, args: Any) -> None:
     with case():
         check_chunk_rule(impl.chunk_layout, *args)
@@ -85,6 +90,7 @@ def test_chunk_spec_follows_the_chunk_rule(impl: Impl, args: Any) -> None:
     match=r"^boxes_of\(\d+\)=.*, but should be .* \[chunk\(",
 )
 @given(uneven_chunk_args())
+@example(((5000, 2), 0, list(range(MANY_RANKS))))  # 2500 chunks of 2 rows, 1600 empty
 def test_chunk_spec_puts_empty_chunks_at_n(impl: Impl, args: Any) -> None:
     with case():
         check_empty_chunks(impl.chunk_layout, *args)

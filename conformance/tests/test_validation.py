@@ -178,3 +178,37 @@ BIG_GRID_WITH_EMPTY = Layout(
 @example(BIG_GRID_WITH_EMPTY)
 def test_validator_accepts_every_large_grid(impl: Impl, layout: Layout) -> None:
     check_validator(impl, layout)
+
+
+# Large layouts of a tensor with no elements (a zero side, or 0-d with one element held as
+# replicas): nothing to cover, so only bounds and repeated (box, rank) pairs decide, on the
+# validator's large-layout path (64 shards and more).
+_EMPTY_64 = [Shard(Box((0, 0), (0, 4)), r) for r in range(64)]
+_SCALAR_64 = [Shard(Box((), ()), r) for r in range(64)]
+_REPEATED_EMPTY_DEFECT = (
+    "validate_non_overlapping_shards_metadata and check_tensor accept the same empty "
+    "ShardMetadata twice on one rank (LAYOUT-2: a (box, rank) pair listed twice is invalid)"
+)
+
+
+@pytest.mark.rule("LAYOUT-1", "LAYOUT-2", "LAYOUT-3", "BOX-2")
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param(Layout((0, 4), _EMPTY_64), id="zero-side-replicas"),
+        pytest.param(
+            Layout((0, 4), [*_EMPTY_64, _EMPTY_64[7]]),
+            id="zero-side-repeated",
+            marks=pytest.mark.known_defect("torch", _REPEATED_EMPTY_DEFECT),
+        ),
+        pytest.param(
+            Layout((0, 4), [*_EMPTY_64[:-1], Shard(Box((0, 5), (0, 0)), 63)]),
+            id="zero-side-out-of-bounds",
+        ),
+        pytest.param(Layout((), _SCALAR_64), id="0d-replicas"),
+        pytest.param(Layout((), [*_SCALAR_64, _SCALAR_64[0]]), id="0d-repeated"),
+    ],
+)
+def test_validator_on_large_layouts_without_elements(impl: Impl, layout: Layout) -> None:
+    assert layout._columns is not None, "the case must reach the large-layout path"
+    check_validator(impl, layout)

@@ -1,6 +1,6 @@
 """The audit `nox -s coverage` runs after `coverage json`: every line and branch of a public
 function in packages/*/src that the conformance suite leaves uncovered must have a reason in
-conformance/coverage-allow.txt, and every entry there must still match something.
+conformance/coverage-allow.txt; entries that match nothing are listed as stale.
 
 Allow-list lines read `KEY: reason` (`#` starts a comment). KEY is a path glob (a whole
 module the suite does not run by design) or `path-glob:Qualified.name` (one public function
@@ -178,7 +178,10 @@ class Audit:
 
     @property
     def ok(self) -> bool:
-        return not self.missing and not self.stale
+        # A stale entry is listed, not failed: which error paths a run happens to reach (a
+        # pool restarted after a timeout on a slow machine) differs from machine to machine,
+        # and an unneeded reason hides no uncovered code.
+        return not self.missing
 
 
 def audit(report: dict[str, object], entries: list[Entry], root: Path) -> Audit:
@@ -232,7 +235,8 @@ def render(result: Audit, report: dict[str, object]) -> str:
         out.append("case or a `path:Function: reason` line to conformance/coverage-allow.txt:")
         out.extend(f"  {it.describe()}" for it in result.missing)
     if result.stale:
-        out.append("FAIL: allow-list entries that match no uncovered code any more; remove them:")
+        out.append("STALE: allow-list entries that match no uncovered code in this run; remove")
+        out.append("them unless another machine's run needs them:")
         out.extend(f"  line {e.lineno}: {e.key}" for e in result.stale)
     return "\n".join(out)
 

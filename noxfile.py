@@ -124,18 +124,11 @@ class Stack:
     installed as asked and checked to be the one that runs, then the test tools and every
     package, editable, with torch held at that release."""
 
-    def __init__(
-        self,
-        session: nox.Session,
-        torch_version: str,
-        torchrec: str | None = None,
-        location: Path | None = None,
-    ):
+    def __init__(self, session: nox.Session, torch_version: str, torchrec: str | None = None):
         self.session = session
         self.torch_version = torch_version
         name = f"torch-{torch_version}" + (f"-torchrec-{torchrec}" if torchrec else "")
-        # location: a venv of the session's own (nox's), instead of the shared one
-        self.location = location or ROOT / ".nox" / name
+        self.location = ROOT / ".nox" / name
         self.bin = self.location / "bin"
         self.python = str(self.bin / "python")
 
@@ -147,10 +140,6 @@ class Stack:
             session.log(f"reusing {self.location}")
         session.env["VIRTUAL_ENV"] = str(self.location)
         session.env["PATH"] = os.pathsep.join([str(self.bin), os.environ.get("PATH", "")])
-        self.hold_torch()
-
-    def hold_torch(self) -> None:
-        session = self.session
         # Every install below runs with torch pinned to the release asked for, so that no
         # dependency can swap it; a machine-wide cap that forbids that release (this image
         # caps torch at 2.14.1, its CUDA builds being on disk) is lifted for these installs
@@ -545,12 +534,7 @@ def wheels(session: nox.Session) -> None:
     a preinstalled torch, then import it and its siblings from site-packages and run the README
     example from there (4 gloo ranks under torchrun)."""
     torch_version, _ = split_args(session)
-    # nox's own venv, torch-alone between distributions: held at the release asked for (the
-    # machine's cap lifted as for the shared venvs) and checked to be the one that runs
-    stack = Stack(session, torch_version, location=Path(session.virtualenv.location))
-    stack.hold_torch()
-    stack.install(f"torch=={torch_version}")
-    stack.check_torch()
+    session.install(f"torch=={torch_version}")
     # Installing torch takes minutes; one venv serves every distribution, put back to
     # torch-alone between them (every package pip added is removed), which is a fresh venv.
     stale = [n for n in pip_freeze(session) if n.startswith("shardspec")]  # a reused venv
@@ -583,7 +567,6 @@ def wheels(session: nox.Session) -> None:
                     )
         added = sorted(set(pip_freeze(session)) - baseline)
         session.run("python", "-m", "pip", "uninstall", "--yes", *added)
-    stack.check_torch()  # no distribution's requirements moved it
 
 
 def pip_freeze(session: nox.Session) -> list[str]:

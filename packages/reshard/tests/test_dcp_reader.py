@@ -110,6 +110,8 @@ def reader_cases(draw: st.DrawFn) -> dict[str, Any]:
         "reader": {
             "whole_item_bytes": draw(st.sampled_from([0, 1 << 18])),
             "thread_count": draw(st.sampled_from([1, 3])),
+            # 1: a thread per byte, so that small test files use the pool too
+            "bytes_per_thread": draw(st.sampled_from([1, 2**24])),
         },
     }
 
@@ -189,8 +191,11 @@ def test_reader_loads_the_bits_dcp_loads(
         spans = sorted(r["ranges"])
         for (f1, _, e1), (f2, s2, _) in itertools.pairwise(spans):
             assert f1 != f2 or s2 >= e1, f"rank {rank} read bytes twice: {spans}; {ex}"
-        # CKPT-15: at most one saved chunk of buffer per reading thread.
+        # CKPT-15: at most one saved chunk of buffer per reading thread, and one thread per
+        # bytes_per_thread to read (these files are far below 16 MiB).
         assert r["buffer_peak"] <= r["threads"] * chunk_bytes, (r, chunk_bytes, ex)
+        if c["reader"].get("bytes_per_thread", 2**24) >= 2**24:
+            assert r["threads"] <= 1, (r["threads"], ex)
         # CKPT-18: in both loads the read items stayed on the rank; DCP's plan exchange
         # carried none.
         assert len(r["sent_items"]) == 2 and not any(r["sent_items"]), (r["sent_items"], ex)

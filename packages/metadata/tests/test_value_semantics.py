@@ -99,11 +99,14 @@ def test_shard_refuses_assignment_and_deletion() -> None:
 
 
 @pytest.mark.rule("LAYOUT-5")
-def test_layout_refuses_assignment() -> None:
+def test_layout_refuses_assignment_and_deletion() -> None:
     layout = Layout((4,), [Shard(Box((0,), (4,)), 0)])
     for name, value in (("shape", (5,)), ("shards", ()), ("extra", 1)):
         with pytest.raises(AttributeError, match="Layout is immutable"):
             setattr(layout, name, value)
+    for name in ("shape", "shards"):
+        with pytest.raises(AttributeError, match="Layout is immutable"):
+            delattr(layout, name)
     assert layout.shape == (4,) and layout.shards == (Shard(Box((0,), (4,)), 0),)
 
 

@@ -120,6 +120,9 @@ class Layout:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Layout is immutable")
 
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("Layout is immutable")
+
     def __reduce__(self) -> tuple[Any, ...]:
         return (Layout, (self.shape, self.shards))
 

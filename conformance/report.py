@@ -319,13 +319,22 @@ def render(
     out += [""]
     for i, e in enumerate(shown, 1):
         out += _entry_md(i, e, rules, by_probe)
-    fixed = [e for e in entries if e not in shown]
+    fixed = [e for e in entries if e not in shown and not e.checked]
     if fixed:
         out += ["## Known defects that no longer reproduce", ""]
         out += [f"- `{e.id}` ({e.upstream or 'not reported'}): {e.title}" for e in fixed]
         out.append("")
+    checked = [e for e in entries if e not in shown and e.checked]
+    if checked:
+        out += ["## Claims checked and not reproduced on this torch", ""]
+        out += [
+            f"- `{e.id}` ({e.upstream or 'not reported'}, repro [`{e.repro}`]({e.repro})): "
+            f"{e.title}. {e.checked}"
+            for e in checked
+        ]
+        out.append("")
     out += [
-        "Checked and not reproduced on this torch: see `repro/README.md` (copied from "
+        "Claims checked once and kept without a repro: see `repro/README.md` (copied from "
         "`conformance/repros/README.md`).",
         "",
         "## Every test, by area",

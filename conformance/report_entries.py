@@ -52,6 +52,7 @@ class Entry:
     kind: str = "correctness"
     probe: str | None = None
     perf: list[dict[str, Any]] = field(default_factory=list)
+    checked: str | None = None  # a claim checked and found to agree (DEFECT["checked"])
 
     def as_json(self) -> dict[str, Any]:
         """The report.json object: the fields a script reads first, then the detail."""
@@ -69,6 +70,7 @@ class Entry:
             "spec_says": self.spec_says,
             "known": self.known,
             "kind": self.kind,
+            "checked": self.checked,
             "issue_text": self.issue_text,
             "divergences": self.divergences,
             "boxes": self.boxes,
@@ -152,6 +154,7 @@ def build_entries(
                 kind=d.get("kind", "correctness"),
                 probe=d.get("probe"),
                 perf=[] if res is None else list(res.perf),
+                checked=d.get("checked"),
             )
         )
     for fn, cs in sorted(unexplained.items()):

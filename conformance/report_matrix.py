@@ -10,6 +10,8 @@ per release:
 - ``reproduced``: the repro printed DIVERGES, or a known-defect test failed as it expects;
 - ``fixed``: the repro exited 0 on every rank and no test of the defect failed (a strict
   xfail that passes is a fix, not a red run);
+- ``not reproduced``: the same, for a claim that was checked and never reproduced (a repro
+  whose ``DEFECT["checked"]`` says so): there was nothing to fix;
 - ``different failure``: the repro failed without diverging (crashed, timed out), or a test
   of the defect failed in a way its known-defect mark does not expect;
 - ``skipped``: the repro said it cannot run on that release (a package that does not load);
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-VERDICTS = ("reproduced", "different failure", "fixed", "skipped", "not run")
+VERDICTS = ("reproduced", "different failure", "fixed", "not reproduced", "skipped", "not run")
 REPROS = Path(__file__).resolve().parent / "repros"
 
 
@@ -54,7 +56,7 @@ def defect_verdict(entry: dict[str, Any], cases: dict[str, dict[str, Any]]) -> s
     if outcome in ("broken", "timeout") or unexpected:
         return "different failure"
     if outcome == "fixed" or any(c["outcome"] == "passed" for c in tests):
-        return "fixed"
+        return "not reproduced" if entry.get("checked") else "fixed"
     if outcome == "skipped" or any(c["outcome"] in ("skipped", "unsupported") for c in tests):
         return "skipped"
     return "not run"

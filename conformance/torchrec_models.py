@@ -41,6 +41,11 @@ PAIRS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             "t2": ["column_wise", [[0]]],
         },
     ),
+    # TorchRec's dynamic sharding moves table_wise and column_wise tables only (torchrec#2534)
+    "row_wise to table_wise": (
+        {"t0": ["row_wise", [2]], "t1": ["table_wise", [0]], "t2": ["table_wise", [1]]},
+        {"t0": ["table_wise", [1]], "t1": ["table_wise", [1]], "t2": ["table_wise", [0]]},
+    ),
     "column_wise, two blocks on a rank": (
         {
             "t0": ["table_wise", [0]],

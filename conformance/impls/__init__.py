@@ -239,6 +239,11 @@ class Impl:
         ``shards`` at ``offsets``; raises ValueError (or AssertionError) when it refuses them."""
         raise self.unsupported("LocalShardsWrapper")
 
+    def wrapper_object(self, shards: Sequence[Any], offsets: Sequence[Sequence[int]]) -> Any:
+        """The implementation's LocalShardsWrapper itself, holding ``shards`` at ``offsets``
+        (it has ``local_shards()``), for the ops a checkpoint load and an optimizer apply."""
+        raise self.unsupported("LocalShardsWrapper")
+
     # converters on real ranks (CONVERT-*, DTENSOR-9) and FSDP's chunking (FSDP-6)
     def _run_via(self, what: str, pool: Any, op: str, args: dict[str, Any], **kw: Any) -> Any:
         if self.via is None:

@@ -222,3 +222,8 @@ class ShardspecImpl(Impl):
 
         w = LocalShardsWrapper(list(shards), [tuple(o) for o in offsets])
         return tuple(w.shape), [Box(tuple(c.offsets), tuple(c.sizes)) for c in w.local_chunks]
+
+    def wrapper_object(self, shards: Sequence[Any], offsets: Sequence[Sequence[int]]) -> Any:
+        from shardspec.torchrec.wrapper import LocalShardsWrapper
+
+        return LocalShardsWrapper(list(shards), [tuple(o) for o in offsets])

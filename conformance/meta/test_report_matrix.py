@@ -72,6 +72,13 @@ def test_one_release_verdict_of_a_defect(
     assert defect_verdict(entry, {c["test"]: c for c in cases}) == verdict
 
 
+def test_a_checked_claim_that_agrees_is_not_reproduced_rather_than_fixed() -> None:
+    claim = {**_entry("claim", "fixed"), "checked": "not reproduced on 2.13.0"}
+    assert defect_verdict(claim, {}) == "not reproduced"
+    assert defect_verdict({**claim, "repro_outcome": "reproduced"}, {}) == "reproduced"
+    assert defect_verdict({**claim, "repro_outcome": "broken"}, {}) == "different failure"
+
+
 def test_releases_order_by_number_not_text() -> None:
     names = ["2.15.0+cu130", "2.9.1", "2.14.1", "2.13.0"]
     assert sorted(names, key=release_key) == ["2.9.1", "2.13.0", "2.14.1", "2.15.0+cu130"]

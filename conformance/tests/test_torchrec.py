@@ -236,6 +236,49 @@ def test_wrapper_refuses_a_short_offsets_list(impl: Impl) -> None:
         fail("wrapper", got, "refused", ex)
 
 
+# The ops a checkpoint load (copy_, detach, to) and an optimizer's state (zeros_like, mul_,
+# addcmul_, ...) apply to a wrapper parameter, each with its operand ``o`` (a second wrapper
+# of the same boxes); the reference applies the same op to each plain shard.
+WRAPPER_OPS: dict[str, Any] = {
+    "clone": lambda w, o: w.clone(),
+    "zeros_like": lambda w, o: torch.zeros_like(w),
+    "copy_": lambda w, o: w.copy_(o),
+    "mul_": lambda w, o: w.mul_(3.0),
+    "add_": lambda w, o: w.add_(o),
+    "addcmul_": lambda w, o: w.addcmul_(o, o, value=0.5),
+    "zero_": lambda w, o: w.zero_(),
+}
+
+
+@pytest.mark.rule("TORCHREC-14")
+@pytest.mark.known_defect(
+    "torch",
+    "LocalShardsWrapper handles 8 ops (_to_copy, view, equal, detach, clone, new_empty and "
+    "the all-gather pair): zeros_like, copy_, mul_ and the other ops a checkpoint load or an "
+    "optimizer step applies raise (repro torchrec-wrapper-handles-few-ops)",
+    raises=NotImplementedError,
+    match=r"aten\.\w+\.\w+ is not supported for LocalShardsWrapper",
+)
+@given(stacks(1), st.sampled_from(sorted(WRAPPER_OPS)))
+def test_wrapper_runs_load_and_optimizer_ops_shard_by_shard(
+    impl: Impl, stack: Any, name: str
+) -> None:
+    shards, offsets = stack
+    g = torch.Generator().manual_seed(len(shards))
+    values = [torch.randn(t.shape, generator=g) for t in shards]
+    others = [torch.randn(t.shape, generator=g) for t in shards]
+    ex = f"{name} on wrapper(shards={[tuple(t.shape) for t in shards]}, offsets={offsets})"
+    op = WRAPPER_OPS[name]
+    want = [op(v.clone(), o) for v, o in zip(values, others)]
+    with case():
+        w = impl.wrapper_object([v.clone() for v in values], offsets)
+        o = impl.wrapper_object(others, offsets)
+        got = [t.clone() for t in op(w, o).local_shards()]
+        assert_equal("shard shapes", [t.shape for t in got], [t.shape for t in want], ex)
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert_equal(f"shard {i} equals the op on its plain shard", torch.equal(a, b), True, ex)
+
+
 # Real models moved between plans (TORCHREC-17): shardspec's reshard_model into a model of the
 # destination plan, or TorchRec's own DistributedModelParallel.reshard in place. Each world is
 # 2 fresh gloo ranks; building the models (TorchRec imports slowly) gets its own generous limit,
@@ -249,7 +292,7 @@ MOVE_TIMEOUT = 60.0
 def _model_reshard(impl: Impl, pair: str, hash_seed: str) -> None:
     pytest.importorskip("torchrec", reason="TorchRec is not installed (nox -s torchrec)")
     from conformance.torchrec_models import PAIRS, move_and_check, prepare
-    from shardspec.testing import RankCrash, RankFailure, RankPool
+    from shardspec.testing import RankCrash, RankError, RankFailure, RankPool
 
     ex = f"{pair}: {PAIRS[pair]} on {MODEL_WORLD} gloo ranks, PYTHONHASHSEED={hash_seed}"
     with case():
@@ -268,6 +311,11 @@ def _model_reshard(impl: Impl, pair: str, hash_seed: str) -> None:
             assert_equal("pairs built", built, [1] * MODEL_WORLD, ex)
             try:
                 answers = pool.call_all(move_and_check, impl.via, timeout=MOVE_TIMEOUT)
+            except RankError as e:  # some ranks raised while the others waited for them
+                raised = "; ".join(
+                    f"rank {f.rank}: {f.type_name}: {f.message.splitlines()[0]}" for f in e.failures
+                )
+                fail("ranks", f"raised while the others hung ({raised})", "every rank answers", ex)
             except RankCrash as e:
                 text = str(e)
                 # the first line says which rank died or hung; a rank that gloo aborted also
@@ -317,6 +365,24 @@ def test_torchrec_model_reshard_between_plans_holds_the_reference(impl: Impl) ->
     [
         "table_wise",
         "column_wise, one block per rank",
+        pytest.param(
+            "row_wise to table_wise",
+            marks=pytest.mark.known_defect(
+                "torch",
+                "TorchRec has no way to move a row_wise table to another plan (torchrec#2534): "
+                "its dynamic sharding moves table_wise and column_wise tables only, and "
+                "DistributedModelParallel.reshard of a row_wise table fails: an IndexError in "
+                "create_embedding_bag_sharding on every rank when it is the only table moved, "
+                "a shard-count mismatch on one rank while the other waits when other tables "
+                "move too (repro torchrec-dmp-reshard-row-wise-table)",
+                raises=AssertionError,
+                # one table moved: IndexError on every rank (the repro); among others that
+                # move, the ranks disagree on the table's shards and one waits for the other
+                match=r"^(rank errors=\[.rank \d+: IndexError: list index out of range|ranks="
+                r".raised while the others hung \(rank \d+: RuntimeError: Failed to "
+                r"initialize sharded tensor for table 't0': Number of local shards)",
+            ),
+        ),
         pytest.param(
             "column_wise, two blocks on a rank",
             marks=pytest.mark.known_defect(

@@ -169,6 +169,25 @@ def test_inspect_names_gaps_and_overlaps_and_exits_1(
 
 
 @pytest.mark.rule("CKPT-6")
+@pytest.mark.parametrize("size", [10.5, 10.0, "10"], ids=repr)
+def test_inspect_refuses_a_saved_size_that_is_no_integer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], size: object
+) -> None:
+    # int() would read 10.5, 10.0 or "10" as the valid 10 and call the tensor fine
+    ck = write_checkpoint(tmp_path / "ck", {"w": (ROWS, torch.float32)})
+    md = pickle.loads((ck / ".metadata").read_bytes())
+    md.state_dict_metadata["w"].size = (size, 6)
+    (ck / ".metadata").write_bytes(pickle.dumps(md))
+    rc, out, _ = run(["inspect", str(ck), "--json"], capsys)
+    doc = json.loads(out)
+    assert rc == 1 and doc["ok"] is False
+    (t,) = doc["tensors"]
+    assert t["verdict"]["kind"] == "value" and repr(size) in t["verdict"]["message"]
+    rc, out, _ = run(["inspect", str(ck)], capsys)
+    assert rc == 1 and "INVALID" in out.splitlines()[0]
+
+
+@pytest.mark.rule("CKPT-6")
 def test_inspect_svg_draws_each_chunk(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import xml.etree.ElementTree as ET
 

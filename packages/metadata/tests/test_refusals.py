@@ -89,7 +89,13 @@ def test_enumerable_spec_describes_only_its_own_shape() -> None:
 @pytest.mark.rule("CKPT-1")
 @pytest.mark.parametrize(
     ("shape", "fragment"),
-    [((-1, 4), "negative size"), (("x",), "bad shape"), ((None,), "bad shape")],
+    [
+        ((-1, 4), "negative size"),
+        (("x",), "bad shape"),
+        ((None,), "bad shape"),
+        ((5.5, 4), "5.5"),  # int() would have read it as 5
+        ((True, 4), "True"),
+    ],
     ids=repr,
 )
 def test_a_saved_shape_that_is_no_shape_is_a_value_error(shape: tuple, fragment: str) -> None:

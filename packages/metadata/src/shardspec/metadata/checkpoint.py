@@ -18,6 +18,7 @@ Plain integers: no torch here; the chunk boxes come in as (offsets, sizes) pairs
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,13 +83,20 @@ def check_chunks(fqn: str, shape: Sequence[int], chunks: Sequence[ChunkBounds]) 
     return problem
 
 
+def _size(n: Any) -> int:
+    """A saved dim size as an int; int() would make 5.5 (or True) a size of 5 (or 1)."""
+    if isinstance(n, bool):
+        raise TypeError(f"{n!r} is not a size")
+    return operator.index(n)
+
+
 def chunk_verdict(
     fqn: str, shape: Sequence[int], chunks: Sequence[ChunkBounds]
 ) -> Layout | ChunkError:
     """Like :func:`check_chunks`, returning the error instead of raising it (for reports that
     go on to the next tensor)."""
     try:
-        shape_t = tuple(int(n) for n in shape)
+        shape_t = tuple(_size(n) for n in shape)
         if any(n < 0 for n in shape_t):
             raise ValueError(f"negative size in {shape_t}")
     except (TypeError, ValueError) as e:

@@ -9,6 +9,7 @@ checkpoints tensor by tensor. Plain data, so the command line prints it as text 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,8 @@ class TensorReport:
 
     @property
     def numel(self) -> int:
+        if not all(isinstance(n, int) for n in self.shape):
+            return 0  # a saved size that is no integer: the verdict names it, no bytes to count
         return math.prod(self.shape)
 
     @property
@@ -127,22 +130,23 @@ def tensor_reports(
     for fqn, smd in items:
         if not isinstance(smd, TensorStorageMetadata):
             continue
+        # the verdict reads the sizes as saved: int() would make a saved 5.5 a valid 5
+        verdict = chunk_verdict(fqn, smd.size, [(c.offsets, c.sizes) for c in smd.chunks])
         chunks = []
         for c in smd.chunks:
-            offsets = tuple(int(x) for x in c.offsets)
+            offsets = _as_saved(c.offsets)
             info = where.get((fqn, offsets))
             chunks.append(
                 ChunkReport(
                     offsets,
-                    tuple(int(x) for x in c.sizes),
+                    _as_saved(c.sizes),
                     str(info.relative_path) if info is not None else None,
                     int(info.offset) if info is not None else None,
                     int(info.length) if info is not None else None,
                     tuple(getattr(info, "transform_descriptors", None) or ()),
                 )
             )
-        shape = tuple(int(n) for n in smd.size)
-        verdict = chunk_verdict(fqn, shape, [(c.offsets, c.sizes) for c in chunks])
+        shape = _as_saved(smd.size)
         dtype = smd.properties.dtype
         yield TensorReport(
             fqn,
@@ -153,6 +157,18 @@ def tensor_reports(
             verdict if isinstance(verdict, Layout) else None,
             verdict if isinstance(verdict, ChunkError) else None,
         )
+
+
+def _as_saved(values: Iterable[Any]) -> tuple[int, ...]:
+    """Sizes or offsets as ints where they are integers, else as saved (the tensor's verdict
+    then names them): a report shows what the metadata holds, never a rounded value."""
+    out: list[Any] = []
+    for v in values:
+        try:
+            out.append(v if isinstance(v, bool) else operator.index(v))
+        except TypeError:
+            out.append(v)
+    return tuple(out)
 
 
 def object_reports(md: Metadata) -> list[dict[str, Any]]:

@@ -119,6 +119,23 @@ def refuses_torch(path: str, torch_version: str) -> str | None:
     return None
 
 
+def pin_torch(session: nox.Session, python: str, torch_version: str, folder: Path) -> None:
+    """Every install of the session from now on runs with torch pinned to the release asked
+    for, so that no dependency can swap it; a machine-wide cap that forbids that release (this
+    image caps torch at 2.14.1, its CUDA builds being on disk) is lifted for these installs
+    only, and every other constraint file pip was given stays."""
+    pin = folder / "torch-pin.txt"
+    pin.write_text(f"torch=={torch_version}\n")
+    kept = []
+    for path in pip_constraint_files(python):
+        line = refuses_torch(path, torch_version)
+        if line is None:
+            kept.append(path)
+        else:
+            session.log(f"lifting pip's constraint {line!r} ({path}) for these installs")
+    session.env["PIP_CONSTRAINT"] = " ".join([*kept, str(pin)])
+
+
 class Stack:
     """The shared virtualenv of one torch release (and TorchRec release): created once, torch
     installed as asked and checked to be the one that runs, then the test tools and every
@@ -140,20 +157,7 @@ class Stack:
             session.log(f"reusing {self.location}")
         session.env["VIRTUAL_ENV"] = str(self.location)
         session.env["PATH"] = os.pathsep.join([str(self.bin), os.environ.get("PATH", "")])
-        # Every install below runs with torch pinned to the release asked for, so that no
-        # dependency can swap it; a machine-wide cap that forbids that release (this image
-        # caps torch at 2.14.1, its CUDA builds being on disk) is lifted for these installs
-        # only, and every other constraint file pip was given stays.
-        pin = self.location / "torch-pin.txt"
-        pin.write_text(f"torch=={self.torch_version}\n")
-        kept = []
-        for path in pip_constraint_files(self.python):
-            line = refuses_torch(path, self.torch_version)
-            if line is None:
-                kept.append(path)
-            else:
-                session.log(f"lifting pip's constraint {line!r} ({path}) for these installs")
-        session.env["PIP_CONSTRAINT"] = " ".join([*kept, str(pin)])
+        pin_torch(session, self.python, self.torch_version, self.location)
 
     def install(self, *args: str) -> None:
         self.session.run(self.python, "-m", "pip", "install", "--quiet", *args, silent=False)
@@ -534,6 +538,8 @@ def wheels(session: nox.Session) -> None:
     a preinstalled torch, then import it and its siblings from site-packages and run the README
     example from there (4 gloo ranks under torchrun)."""
     torch_version, _ = split_args(session)
+    venv = Path(str(session.virtualenv.location))
+    pin_torch(session, str(venv / "bin" / "python"), torch_version, venv)
     session.install(f"torch=={torch_version}")
     # Installing torch takes minutes; one venv serves every distribution, put back to
     # torch-alone between them (every package pip added is removed), which is a fresh venv.

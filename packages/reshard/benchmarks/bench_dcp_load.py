@@ -15,7 +15,8 @@ Cases, on local gloo ranks (a ``RankPool`` per world size, started once):
   on 2 ranks column-chunked (every rank needs half of every chunk) and on 8 ranks
   row-chunked (every rank needs half a chunk).
 * ``pre``  checkpoints rewritten offline by ``shardspec reshard`` (timed once, in the driver)
-  into the target layouts, loaded on their target world: ``big`` on 8 ranks, ``many`` on 2.
+  into the target layouts, loaded on their target world: ``big`` on 8 ranks (rows) and on 2
+  (columns), ``many`` on 2.
 
 Per load and variant, the slowest rank's wall time of ``dcp.load`` from a barrier to a
 barrier (median of ``--repeat`` runs after one untimed run of each; the variants' order
@@ -306,8 +307,8 @@ def reshard_offline(src: str, dst: str, case: str, world: int) -> float:
     """``shardspec reshard`` of ``src`` into ``case``'s load layout on ``world`` ranks."""
     from shardspec.reshard.offline import reshard_checkpoint
 
-    if case == "pre-big":
-        layouts = {"big": chunk_layout(BIG_SHAPE, 0, list(range(world)))}
+    if case == "pre-big":  # the layout _state loads: columns on 2 ranks, rows otherwise
+        layouts = {"big": chunk_layout(BIG_SHAPE, 1 if world == 2 else 0, list(range(world)))}
     else:
         lay = chunk_layout(TENSOR_SHAPE, 1, list(range(world)))
         layouts = {f"layer{i}.w": lay for i in range(N_TENSORS)}
@@ -417,8 +418,12 @@ def main() -> None:
                     (f"{gib} on 4 rows -> 8 rows", measure(pools[8], big, "big", args.repeat))
                 )
             if "pre" in cases:
-                for case, src, w in (("pre-big", big, 8), ("pre-many", many, 2)):
-                    dst = str(tmp / case)
+                for case, src, w in (
+                    ("pre-big", big, 8),
+                    ("pre-big", big, 2),
+                    ("pre-many", many, 2),
+                ):
+                    dst = str(tmp / f"{case}-{w}")
                     offline.append((f"{case} -> {w} ranks", reshard_offline(src, dst, case, w)))
                     rows.append(
                         (

@@ -40,7 +40,7 @@ from conformance.perf_probes import Probe, run_all as run_all_probes
 from conformance.report_draw import render_html
 from conformance.report_entries import Entry, build_entries
 from conformance.report_matrix import defect_verdict
-from conformance.repro_run import ReproResult, all_repros, read_defect, run_repro
+from conformance.repro_run import ReproResult, all_repros, read_defect, run_repro, shown_outcome
 
 ROOT = Path(__file__).resolve().parent.parent
 RULE_HEADING = re.compile(r"^###\s+([A-Z][A-Z0-9]*-\d+)\s*[:—-]\s*(.+?)\s*$")
@@ -408,7 +408,7 @@ def run_repros(rank_slots: int = 8) -> dict[str, ReproResult]:
     with ThreadPoolExecutor(max_workers=rank_slots) as pool:
         for path, res in zip(paths, pool.map(run, paths)):
             results[path.stem] = res
-            print(f"repro {res.id}: {res.outcome} ({res.seconds:.0f} s)", flush=True)
+            print(f"repro {res.id}: {shown_outcome(path, res)} ({res.seconds:.0f} s)", flush=True)
     return results
 
 

@@ -86,6 +86,14 @@ class ReproResult:
         return self.outcome == "reproduced"
 
 
+def shown_outcome(path: Path, res: ReproResult) -> str:
+    """The outcome as a reader should see it: a checked claim (``DEFECT["checked"]``) that
+    still agrees was never broken, so it reads "not reproduced", not "fixed"."""
+    if res.outcome == "fixed" and read_defect(path).get("checked"):
+        return "not reproduced (a checked claim)"
+    return res.outcome
+
+
 def _classify(codes: list[int | None], text: dict[int, str]) -> tuple[str, list[str]]:
     lines = [ln for out in text.values() for ln in out.splitlines()]
     diverges = [ln for ln in lines if ln.startswith("DIVERGES")]
@@ -191,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     worst = 0
     for path in args.repro or all_repros():
         res = run_repro(path, args.nproc)
-        print(f"{res.id}: {res.outcome} on {res.nproc} rank(s) in {res.seconds:.1f} s")
+        print(f"{res.id}: {shown_outcome(path, res)} on {res.nproc} rank(s) in {res.seconds:.1f} s")
         for line in res.divergences[:4]:
             print(f"  {line}")
         if args.verbose or res.outcome in ("broken", "timeout"):

@@ -115,6 +115,24 @@ def test_runner_tells_reproduced_from_fixed_broken_and_hung(tmp_path: Path) -> N
 
 
 @pytest.mark.rule("CONF-6")
+def test_a_checked_claim_that_agrees_reads_not_reproduced(tmp_path: Path) -> None:
+    from conformance.repro_run import shown_outcome
+
+    plain = _fake(tmp_path, "plain", "print('ok')")
+    claim = tmp_path / "claim.py"
+    claim.write_text(
+        plain.read_text()
+        .replace("'tests': []", "'tests': [], 'checked': 'agrees on 2.13'")
+        .replace("'plain'", "'claim'")
+    )
+    assert read_defect(claim)["checked"] == "agrees on 2.13"
+    res = run_repro(claim)
+    assert res.outcome == "fixed"  # the runner's outcome; only its reading differs
+    assert shown_outcome(claim, res) == "not reproduced (a checked claim)"
+    assert shown_outcome(plain, run_repro(plain)) == "fixed"
+
+
+@pytest.mark.rule("CONF-6")
 def test_runner_listens_on_loopback_only(tmp_path: Path) -> None:
     from shardspec.testing.loopback import listeners
 

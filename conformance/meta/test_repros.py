@@ -45,6 +45,27 @@ def test_every_repro_states_its_defect(path: Path) -> None:
     assert 1 <= int(defect["nproc"]) <= 8
 
 
+@pytest.mark.rule("CONF-6", "CONF-13")
+@pytest.mark.parametrize(
+    "path", [p for p in all_repros() if read_defect(p).get("needs")], ids=lambda p: p.stem
+)
+def test_a_repro_whose_package_does_not_load_says_skipped(path: Path) -> None:
+    """A package installed beside another torch fails to load with OSError (fbgemm-gpu-cpu
+    1.9.0 on torch 2.15.0: undefined symbol), not ImportError: the repro must say SKIPPED,
+    or the report reads "different failure" for a library that never ran."""
+    tree = ast.parse(path.read_text())
+    guards = [
+        h
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Try)
+        for h in node.handlers
+        if any(isinstance(s, ast.Expr) and "SKIPPED" in ast.unparse(s) for s in h.body)
+    ]
+    assert guards, f"{path.name}: needs {read_defect(path)['needs']} but has no SKIPPED guard"
+    caught = {n.id for h in guards for n in ast.walk(h.type) if isinstance(n, ast.Name)}
+    assert {"ImportError", "OSError"} <= caught, f"{path.name}: its guard catches {caught}"
+
+
 def _known_torch_defects() -> set[str]:
     """Every conformance test marked ``known_defect("torch", ...)``, read from the source."""
     names = set()

@@ -83,7 +83,7 @@ def check_chunks(fqn: str, shape: Sequence[int], chunks: Sequence[ChunkBounds]) 
     return problem
 
 
-def _size(n: Any) -> int:
+def _saved_size(n: Any) -> int:
     """A saved dim size as an int; int() would make 5.5 (or True) a size of 5 (or 1)."""
     if isinstance(n, bool):
         raise TypeError(f"{n!r} is not a size")
@@ -96,7 +96,7 @@ def chunk_verdict(
     """Like :func:`check_chunks`, returning the error instead of raising it (for reports that
     go on to the next tensor)."""
     try:
-        shape_t = tuple(_size(n) for n in shape)
+        shape_t = tuple(_saved_size(n) for n in shape)
         if any(n < 0 for n in shape_t):
             raise ValueError(f"negative size in {shape_t}")
     except (TypeError, ValueError) as e:

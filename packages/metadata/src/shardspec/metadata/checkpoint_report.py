@@ -9,13 +9,12 @@ checkpoints tensor by tensor. Plain data, so the command line prints it as text 
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .box import Box
-from .checkpoint import ChunkError, chunk_verdict
+from .checkpoint import ChunkError, _saved_size, chunk_verdict
 from .layout import Layout
 from .serialize import layout_to_dict
 
@@ -165,7 +164,7 @@ def _as_saved(values: Iterable[Any]) -> tuple[int, ...]:
     out: list[Any] = []
     for v in values:
         try:
-            out.append(v if isinstance(v, bool) else operator.index(v))
+            out.append(_saved_size(v))
         except TypeError:
             out.append(v)
     return tuple(out)

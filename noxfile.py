@@ -25,9 +25,9 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 ROOT = Path(__file__).parent
-# Dependency order: metadata <- {testing, reshard <- {fsdp, torchrec}}; testing (the rank
-# runtime) depends on metadata only, and the other packages' tests use it.
-PACKAGE_ORDER = ("metadata", "testing", "reshard", "fsdp", "torchrec")
+# Dependency order: metadata <- {testing, reshard <- {checkpoint, fsdp, torchrec}}; testing (the
+# rank runtime) depends on metadata only, and the other packages' tests use it.
+PACKAGE_ORDER = ("metadata", "testing", "reshard", "checkpoint", "fsdp", "torchrec")
 DEFAULT_TORCH = "2.13.0"
 TEST_DEPS = ("pytest>=8", "hypothesis>=6.100", "pytest-timeout", "pytest-xdist")
 # The TorchRec release (and its fbgemm-gpu-cpu) built against each torch minor release; 2.15
@@ -556,7 +556,7 @@ def wheels(session: nox.Session) -> None:
         modules = [n.replace("shardspec-", "shardspec.") for n in sibling_closure(dist)]
         with session.chdir(work):
             session.run("python", str(probe), str(ROOT), torch_version, *modules)
-            if "shardspec.metadata" in modules:  # its console script is on PATH and starts
+            if "shardspec.checkpoint" in modules:  # its console script is on PATH and starts
                 session.run("shardspec", "--help", silent=True)
             for module, example in EXAMPLES:
                 if module in modules:

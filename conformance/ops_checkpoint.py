@@ -5,7 +5,7 @@ when a pool imports this module (listed in :data:`conformance.OPS`).
 
 ``via`` picks whose code runs: torch's own ShardedTensor construction, ``distribute_tensor``
 and DCP's default planners and ``FileSystemReader``, or shardspec's
-``to_sharded_tensor_metadata``, ``distribute_dtensor`` and ``shardspec.reshard.dcp``'s
+``to_sharded_tensor_metadata``, ``distribute_dtensor`` and ``shardspec.checkpoint.dcp``'s
 planners and ``FileSystemReader``. Only DCP's file format and its writer are shared.
 """
 
@@ -40,7 +40,7 @@ def _save(
 
 def _save_planner(via: str) -> Any:
     if via == "shardspec":
-        from shardspec.reshard.dcp import SavePlanner
+        from shardspec.checkpoint.dcp import SavePlanner
 
         return SavePlanner()
     from torch.distributed.checkpoint import DefaultSavePlanner
@@ -50,7 +50,7 @@ def _save_planner(via: str) -> Any:
 
 def _load_planner(via: str) -> Any:
     if via == "shardspec":
-        from shardspec.reshard.dcp import LoadPlanner
+        from shardspec.checkpoint.dcp import LoadPlanner
 
         return LoadPlanner()
     from torch.distributed.checkpoint import DefaultLoadPlanner
@@ -62,7 +62,7 @@ def _load_reader(via: str, args: dict[str, Any]) -> Any:
     """shardspec's reader (CKPT-13); ``whole_item_bytes`` 0 sends every chunk down its
     partial-read path (CKPT-14), as the drawn round trips do half the time."""
     if via == "shardspec":
-        from shardspec.reshard.dcp import FileSystemReader
+        from shardspec.checkpoint.dcp import FileSystemReader
 
         return FileSystemReader(
             args["path"], whole_item_bytes=args.get("whole_item_bytes", 1 << 18)

@@ -89,7 +89,7 @@ def validate_grid(sizes: tuple[int, ...] = (1024, 4096), limit: float = 30.0) ->
 
 
 def dcp_read_planning(sizes: tuple[int, ...] = (200, 800), limit: float = 120.0) -> Probe:
-    bench = _bench("reshard", "bench_read_planning")
+    bench = _bench("checkpoint", "bench_read_planning")
     case = "cols -> cols"
     torch_s: list[float | None] = []
     ours_s: list[float] = []

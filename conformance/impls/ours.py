@@ -106,8 +106,8 @@ class ShardspecImpl(Impl):
         return layout_from_json(text)
 
     def checkpoint_accepts(self, shape: Sequence[int], chunks: Sequence[Box]) -> bool:
+        from shardspec.checkpoint.chunks import check_chunks
         from shardspec.metadata import LayoutError
-        from shardspec.metadata.checkpoint import check_chunks
 
         try:
             check_chunks("t", tuple(shape), [(b.offsets, b.sizes) for b in chunks])
@@ -118,7 +118,7 @@ class ShardspecImpl(Impl):
     def checkpoint_load(
         self, shape: Sequence[int], chunks: Sequence[Box], tensor: Any
     ) -> tuple[Any, int]:
-        from shardspec.reshard.dcp import LoadPlanner as Planner
+        from shardspec.checkpoint.dcp import LoadPlanner as Planner
 
         from . import load_through_planner
 
@@ -129,7 +129,7 @@ class ShardspecImpl(Impl):
     ) -> list[tuple[int, int, Box]]:
         from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
 
-        from shardspec.reshard.dcp import read_items_for_chunks
+        from shardspec.checkpoint.dcp import read_items_for_chunks
 
         from . import checkpoint_storage, read_regions
 

@@ -34,8 +34,8 @@ from conformance.strategies import (
     world_sizes,
 )
 from conformance.strategies_grids import large_layouts
+from shardspec.checkpoint.chunks import storable
 from shardspec.metadata import Box, Layout, Shard
-from shardspec.metadata.checkpoint import storable
 from shardspec.testing.devices import simulated_worlds
 
 

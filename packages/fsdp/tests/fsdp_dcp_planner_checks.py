@@ -54,7 +54,7 @@ def _state_dict(kind: str, world: int, seed: int) -> tuple[Any, dict[str, Any]]:
 def save_model(rank: int, world: int, path: str, kind: str) -> None:
     import torch.distributed.checkpoint as dcp
 
-    from shardspec.reshard.dcp import SavePlanner
+    from shardspec.checkpoint.dcp import SavePlanner
 
     _, sd = _state_dict(kind, world, seed=0)
     dcp.save({"model": sd}, checkpoint_id=path, planner=SavePlanner())
@@ -66,7 +66,7 @@ def load_model(rank: int, world: int, path: str, kind: str) -> dict[str, list[st
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner
 
-    from shardspec.reshard.dcp import LoadPlanner
+    from shardspec.checkpoint.dcp import LoadPlanner
 
     ref = {k: v.detach().clone() for k, v in make_model(0).state_dict().items()}
     dp, tp = _dims(kind, world)

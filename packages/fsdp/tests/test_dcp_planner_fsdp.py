@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fsdp_dcp_planner_checks import load_model, save_model
 
-from shardspec.metadata.cli import main
+from shardspec.checkpoint.cli import main
 from shardspec.testing import RankPool, get_pool
 from shardspec.testing.fsdp_model import make_model, truth_layout as _truth_layout
 

@@ -24,7 +24,6 @@ from shardspec.metadata import (
     layout_from_json,
 )
 from shardspec.metadata.box import Box as BoxFromModule
-from shardspec.metadata.checkpoint import ChunkError, check_chunks, chunk_verdict
 from shardspec.metadata.dtensor import dtensor_local_slices, mesh_ranks
 from shardspec.metadata.dtensor_math import local_slices
 from shardspec.metadata.lazy import lazy_exports
@@ -84,28 +83,6 @@ def test_enumerable_spec_describes_only_its_own_shape() -> None:
     for other in ((4,), (2, 4), (8, 2), (4, 2, 1)):
         with pytest.raises(LayoutError, match="does not rescale"):
             spec.layout(other)
-
-
-@pytest.mark.rule("CKPT-1")
-@pytest.mark.parametrize(
-    ("shape", "fragment"),
-    [
-        ((-1, 4), "negative size"),
-        (("x",), "bad shape"),
-        ((None,), "bad shape"),
-        ((5.5, 4), "5.5"),  # int() would have read it as 5
-        ((True, 4), "True"),
-    ],
-    ids=repr,
-)
-def test_a_saved_shape_that_is_no_shape_is_a_value_error(shape: tuple, fragment: str) -> None:
-    verdict = chunk_verdict("w", shape, [((0, 0), (1, 4))])
-    assert isinstance(verdict, ChunkError)
-    assert verdict.kind == "value" and verdict.fqn == "w" and verdict.chunks == ()
-    assert str(verdict).startswith("checkpoint tensor 'w': bad shape")
-    assert fragment in str(verdict)
-    with pytest.raises(ChunkError, match="bad shape"):
-        check_chunks("w", shape, [((0, 0), (1, 4))])
 
 
 @pytest.mark.rule("DTENSOR-7")

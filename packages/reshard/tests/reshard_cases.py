@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from shardspec.metadata import Box, Layout, Shard, chunk_layout
 from shardspec.reshard import reshard, reshard_state_dict
+from shardspec.testing.tensors import random_tensor
 
 DTYPES = [
     torch.float32,
@@ -34,19 +35,6 @@ DTYPES = [
 
 
 # ---------------------------------------------------------------- driver side: generation
-
-
-def random_tensor(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
-    """Arbitrary bit patterns (NaN payloads, -0.0, subnormals): the executor must move bits."""
-    g = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=g, dtype=torch.uint8).bool()
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    n = 1
-    for s in shape:
-        n *= s
-    raw = torch.randint(0, 256, (n * itemsize,), generator=g, dtype=torch.uint8)
-    return raw.view(dtype).reshape(shape)
 
 
 def random_shape(rng: random.Random, max_dims: int = 3, max_side: int = 7) -> tuple[int, ...]:

@@ -8,26 +8,12 @@ import torch
 import torch.distributed as dist
 
 from shardspec.metadata import ConversionError, Layout
-from shardspec.metadata.shard_metadata import to_sharded_tensor_metadata
 from shardspec.reshard.frontends import (
     reshard_dtensor,
     reshard_dtensor_to_layout,
     reshard_sharded_tensor,
 )
-
-
-def make_sharded_tensor(full: torch.Tensor, layout: Layout) -> Any:
-    from torch.distributed._shard.sharded_tensor.api import ShardedTensor
-    from torch.distributed._shard.sharded_tensor.shard import Shard as TorchShard
-
-    md = to_sharded_tensor_metadata(layout, full.dtype)
-    me = dist.get_rank()
-    shards = [
-        TorchShard(full[s.box.slices()].clone(), m)
-        for s, m in zip(layout.shards, md.shards_metadata)
-        if s.rank == me
-    ]
-    return ShardedTensor._init_from_local_shards_and_global_metadata(shards, md)
+from shardspec.testing.tensors import make_sharded_tensor
 
 
 def st_reshard(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from reshard_cases import random_tensor
 from reshard_fault_cases import (
     all_raise,
     run_aliased,
@@ -19,6 +18,7 @@ from reshard_fault_cases import (
 from shardspec.metadata import chunk_layout
 from shardspec.reshard import reference
 from shardspec.testing import RankPool, get_pool
+from shardspec.testing.tensors import random_tensor
 
 WORLD = 4
 SHAPE = (8, 6)

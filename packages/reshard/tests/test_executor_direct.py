@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 import torch
-from reshard_cases import DTYPES, noncontig, random_tensor
+from reshard_cases import DTYPES, noncontig
 from reshard_direct_cases import run_counted, run_state_dict_counted, run_state_dict_out
 
 from shardspec.metadata import Layout, chunk_layout
 from shardspec.reshard import reference
 from shardspec.testing import RankFailure, RankPool, get_pool
+from shardspec.testing.tensors import random_tensor
 
 WORLD = 4
 

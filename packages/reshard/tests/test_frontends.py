@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 import torch
-from reshard_cases import random_tensor
 from reshard_frontend_cases import (
     dt_distribute_scatter,
     dt_reshard,
@@ -31,6 +30,7 @@ from shardspec.metadata import Box, Layout, Shard as LShard, chunk_layout
 from shardspec.reshard import reference
 from shardspec.testing import RankCrash, RankError, RankPool, get_pool
 from shardspec.testing.defects import known_failure
+from shardspec.testing.tensors import random_tensor
 
 WORLD = 4
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from reshard_cases import random_tensor, run_single
+from reshard_cases import run_single
 from reshard_fault_cases import all_raise, run_state_dict_kwargs
 
 from shardspec.metadata import chunk_layout
 from shardspec.reshard.agreement import shared_problems
 from shardspec.reshard.errors import rank_ranges
 from shardspec.testing import RankPool, get_pool
+from shardspec.testing.tensors import random_tensor
 
 WORLD = 4
 

@@ -7,13 +7,13 @@ import math
 
 import pytest
 from hypothesis import given, strategies as st
-from reshard_index_paths import indexed
 
 from shardspec.metadata import Box, Layout, LayoutError, Shard, chunk_layout
 from shardspec.metadata.strategies import shapes, valid_layouts
 from shardspec.reshard import Piece, plan
 from shardspec.reshard.blocks import flat_blocks
 from shardspec.reshard.index import BoxIndex
+from shardspec.reshard.planner import large_layout_paths
 
 
 def points(box: Box) -> list[tuple[int, ...]]:
@@ -68,7 +68,7 @@ def test_plan_assigns_every_element_once_from_a_holder(
     pair: tuple[Layout, Layout], force: bool
 ) -> None:
     src, dst = pair
-    with indexed(force):
+    with large_layout_paths(force):
         pieces = list(plan(src, dst).pieces)
     check_plan_against_brute_force(src, dst, pieces)
 
@@ -80,9 +80,9 @@ def test_rank_plan_is_the_global_plan_restricted_to_the_rank(
 ) -> None:
     """Also across the two set-up paths: the scan and the indexes give the same pieces."""
     src, dst = pair
-    with indexed(not force):
+    with large_layout_paths(not force):
         whole = plan(src, dst)
-    with indexed(force):
+    with large_layout_paths(force):
         mine = plan(src, dst, rank)
     expected = [p for p in whole.pieces if rank in (p.src_rank, p.dst_rank)]
     assert list(mine.pieces) == expected
@@ -231,7 +231,7 @@ def test_rank_plan_work_grows_with_its_pieces_not_n_times_m(
 @given(valid_layouts(shapes(max_dims=3, max_side=6), max_ranks=4), st.data())
 def test_box_index_finds_exactly_the_overlapping_boxes(layout: Layout, data: st.DataObject) -> None:
     boxes = list(dict.fromkeys(s.box for s in layout if not s.box.is_empty))
-    with indexed(data.draw(st.booleans())):
+    with large_layout_paths(data.draw(st.booleans())):
         index = BoxIndex(boxes, layout.shape)
     for _ in range(3):
         offs = [data.draw(st.integers(0, n)) for n in layout.shape]

@@ -11,13 +11,14 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.errors import UnsatisfiedAssumption
-from reshard_cases import DTYPES, random_tensor, run_single
+from reshard_cases import DTYPES, run_single
 from reshard_fault_cases import all_raise, run_state_dict_kwargs
 
 from shardspec.metadata import Box, Layout, Shard, chunk_layout
 from shardspec.metadata.strategies import shapes, valid_layouts
 from shardspec.reshard import reference
 from shardspec.testing import RankFailure, RankPool, get_pool
+from shardspec.testing.tensors import random_tensor
 
 WORLD = 4
 SHAPE = (6, 4)

@@ -19,7 +19,7 @@ import_or_skip("fbgemm_gpu", "nox -s torchrec installs fbgemm-gpu-cpu")
 import torchrec_cases as cases  # noqa: E402
 from torchrec_dcp_cases import load_ebc, save_ebc  # noqa: E402
 
-from shardspec.metadata.cli import main  # noqa: E402
+from shardspec.checkpoint.cli import main  # noqa: E402
 
 pytestmark = pytest.mark.torchrec
 

@@ -28,7 +28,7 @@ def _pieces(sd: dict[str, Any]) -> dict[str, list[tuple[tuple[int, ...], torch.T
 def save_ebc(rank: int, world: int, path: str, spec: dict[str, Any]) -> None:
     import torch.distributed.checkpoint as dcp
 
-    from shardspec.reshard.dcp import SavePlanner
+    from shardspec.checkpoint.dcp import SavePlanner
 
     module = cases.shard_with(spec)
     cases.fill(module, cases.global_weights(0))
@@ -39,7 +39,7 @@ def load_ebc(rank: int, world: int, path: str, spec: dict[str, Any]) -> list[str
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner
 
-    from shardspec.reshard.dcp import LoadPlanner
+    from shardspec.checkpoint.dcp import LoadPlanner
 
     want = cases.global_weights(0)
     bad: list[str] = []

@@ -21,6 +21,7 @@ number of pieces the rank sends or receives. No step visits every (source, desti
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -28,6 +29,7 @@ from typing import Any, NamedTuple
 from shardspec.metadata import Box, Layout, LayoutError, chunk_bounds
 from shardspec.metadata.errors import shorten
 
+from . import index as _index
 from .index import BoxIndex
 
 __all__ = ["Piece", "Plan", "plan"]
@@ -177,6 +179,22 @@ def _require_int64(layout: Layout, what: str) -> None:
 
 
 _SMALL = 16  # layouts with at most this many shards are indexed without NumPy
+
+
+@contextlib.contextmanager
+def large_layout_paths(force: bool = True) -> Iterator[None]:
+    """With ``force``, small layouts take the NumPy set-up and the grid / tree indexes that
+    layouts of more than 16 shards take (they normally take the plain-Python scan): tests of
+    the planner and of everything built on it run both paths on every generated case. Not
+    thread-safe: it switches module settings for the duration."""
+    global _SMALL
+    saved = _SMALL, _index._SCAN
+    if force:
+        _SMALL, _index._SCAN = 0, 0
+    try:
+        yield
+    finally:
+        _SMALL, _index._SCAN = saved
 
 
 class _Distinct:

@@ -1,0 +1,47 @@
+"""shardspec.checkpoint: everything that reads or writes checkpoint files.
+
+* :mod:`.dcp` — DCP's ``LoadPlanner`` and ``SavePlanner`` that check every saved tensor's chunks
+  (CKPT-1) before data moves, and plan reads with :func:`shardspec.reshard.plan`.
+* :mod:`.dcp_reader` — ``FileSystemReader``: each saved byte a rank needs read at most once.
+* :mod:`.offline` — ``shardspec reshard``: a checkpoint rewritten into another job's layout.
+* :mod:`.cli` — the ``shardspec`` command: inspect, verify, diff, layout, reshard.
+* :mod:`.chunks`, :mod:`.dcp_metadata`, :mod:`.report`, :mod:`.saved_chunks`,
+  :mod:`.value_diff` — the chunk check, the restricted ``.metadata`` reader, per-tensor reports,
+  the data files checked against the metadata, and values compared across layouts.
+
+Importing this package does not import torch; the planners and the reader load it on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shardspec.metadata.lazy import lazy_exports
+
+from .chunks import ChunkError, check_chunks
+
+if TYPE_CHECKING:  # the lazy names, typed for mypy and editors
+    from .dcp import (
+        LoadPlanner as LoadPlanner,
+        SavePlanner as SavePlanner,
+        chunk_error as chunk_error,
+        read_error as read_error,
+    )
+    from .dcp_reader import (
+        CheckpointReadError as CheckpointReadError,
+        FileSystemReader as FileSystemReader,
+    )
+
+# name -> submodule that defines it; these import torch.
+_LAZY: dict[str, str] = {
+    "LoadPlanner": "dcp",
+    "SavePlanner": "dcp",
+    "chunk_error": "dcp",
+    "read_error": "dcp",
+    "FileSystemReader": "dcp_reader",
+    "CheckpointReadError": "dcp_reader",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
+
+__all__ = ["ChunkError", "check_chunks", *_LAZY]

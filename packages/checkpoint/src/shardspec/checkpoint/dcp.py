@@ -1,0 +1,383 @@
+"""Drop-in DCP planners and reader: ``dcp.load(sd, storage_reader=FileSystemReader(path),
+planner=LoadPlanner())``. :class:`FileSystemReader` (from :mod:`.dcp_reader`) reads each
+saved byte at most once and only the bytes a rank needs (CKPT-13 to CKPT-16).
+
+:class:`LoadPlanner` is DCP's ``DefaultLoadPlanner`` with two changes (spec/09-checkpoint.md):
+
+* Before any read, the chunks of every saved tensor this load reads are checked (CKPT-1:
+  bounds, overlap, coverage); a bad checkpoint raises :class:`ChunkError` naming the tensor
+  and the culprit chunks. The check runs in ``create_local_plan``, which DCP runs on every
+  rank and whose errors it gathers and raises on every rank, so no rank is left waiting.
+  What reaches the caller of ``dcp.load`` is therefore DCP's ``CheckpointException``, a
+  ``BaseException`` (neither ``except ChunkError`` nor ``except Exception`` catches it), with
+  our error inside its ``failures`` (rank -> (exception, traceback)); :func:`chunk_error`
+  gets it out::
+
+      try:
+          dcp.load(sd, checkpoint_id=path, planner=LoadPlanner())
+      except BaseException as e:
+          if (bad := chunk_error(e)) is None:
+              raise
+          print(bad.fqn, bad.kind, bad.chunks)  # or: raise bad from e
+* The read items come from :func:`shardspec.reshard.plan`: the saved chunks are indexed once
+  per tensor, and each local chunk asks the index for the chunks it meets, so one rank's
+  planning costs O((n + m) log(n + m) + k) for n saved and m local chunks and k reads
+  (CKPT-2). Upstream sweeps one dim and compares every saved chunk the sweep keeps open with
+  every local chunk, which grows as n x m when the chunks are cut along another dim.
+
+The read items are those the default planner makes, without its zero-length reads (an empty
+chunk lying inside another one), so the loaded bytes are the same (CKPT-3).
+
+:class:`SavePlanner` is ``DefaultSavePlanner`` whose global plan check is CKPT-1 on every
+tensor (one :meth:`Layout.validate` each, O(n log n) on grid layouts) instead of upstream's
+own overlap sweep; with a single plan (one process saving) coverage is not required, as
+upstream allows. It leaves out an empty chunk that starts where a non-empty chunk of the same
+tensor does: DCP files chunks by offset, and the empty one would displace the other's data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections import ChainMap
+from typing import Any, TypeVar
+
+import torch
+from torch.distributed._shard.sharded_tensor.api import ShardedTensor
+from torch.distributed.checkpoint import _version
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.checkpoint.default_planner import (
+    DefaultLoadPlanner,
+    DefaultSavePlanner,
+    create_default_global_save_plan,
+)
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    ReadItem,
+    SavePlan,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.planner_helpers import _create_chunk_list, _create_read_items
+from torch.distributed.tensor import DTensor
+
+from shardspec.checkpoint.chunks import ChunkError, check_chunks, chunk_verdict
+from shardspec.metadata import Box, Layout, Shard
+from shardspec.reshard.planner import plan
+
+from .dcp_reader import PLAN_STAYS_LOCAL, CheckpointReadError, FileSystemReader
+
+_E = TypeVar("_E", bound=BaseException)
+
+__all__ = [
+    "CheckpointReadError",
+    "ChunkError",
+    "FileSystemReader",
+    "LoadPlanner",
+    "SavePlanner",
+    "chunk_error",
+    "read_error",
+    "read_items_for_chunks",
+]
+
+
+def chunk_error(error: BaseException) -> ChunkError | None:
+    """The :class:`ChunkError` inside what ``dcp.load``/``dcp.save`` raised with our planners
+    (DCP's ``CheckpointException``, a ``BaseException``, holds each rank's error in
+    ``failures``: rank -> (exception, traceback)), or None when there is none. Looks in
+    ``failures`` (lowest rank first), then ``__cause__`` and ``__context__``; ``error`` may be
+    the ``ChunkError`` itself."""
+    return _inner(error, ChunkError)
+
+
+def read_error(error: BaseException) -> CheckpointReadError | None:
+    """The :class:`CheckpointReadError` inside what ``dcp.load`` raised with our
+    :class:`FileSystemReader` (a missing, truncated or wrong file: CKPT-16), found as
+    :func:`chunk_error` finds a ``ChunkError``, or None."""
+    return _inner(error, CheckpointReadError)
+
+
+def _inner(error: BaseException, kind: type[_E]) -> _E | None:
+    seen: set[int] = set()
+    todo: list[BaseException] = [error]
+    while todo:
+        e = todo.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, kind):
+            return e
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            for rank in sorted(failures, key=lambda r: r if isinstance(r, int) else -1):
+                got = failures[rank]
+                inner = got[0] if isinstance(got, tuple) and got else got
+                if isinstance(inner, BaseException):
+                    todo.append(inner)
+        todo += [x for x in (e.__cause__, e.__context__) if x is not None]
+    return None
+
+
+class LoadPlanner(DefaultLoadPlanner):  # type: ignore[misc]
+    """``DefaultLoadPlanner`` whose read items come from :func:`plan`, after checking the
+    saved chunks of every tensor it reads. Takes the same arguments."""
+
+    def create_local_plan(self) -> LoadPlan:
+        md = self.metadata
+        if md is None:
+            raise ValueError("LoadPlanner.create_local_plan needs the checkpoint metadata")
+        if self.flatten_state_dict:
+            self._use_pre_2_4_keys_if_needed(md)
+        saved = md.state_dict_metadata
+        items: list[ReadItem] = []
+        for fqn, obj in self.state_dict.items():
+            smd = saved.get(fqn)
+            if smd is None:
+                if not self.allow_partial_load:
+                    raise RuntimeError(f"Missing key in checkpoint state_dict: {fqn}.")
+                continue
+            if isinstance(smd, BytesStorageMetadata):
+                items += _create_read_items(fqn, smd, obj)
+                continue
+            size = getattr(obj, "size", None)
+            if size is not None and smd.size != obj.size():
+                raise ValueError(
+                    f"Size mismatch between saved {smd.size} and current: {obj.size()} for {fqn}"
+                )
+            # A DTensor on a submesh this rank is not part of has nothing to load here.
+            if isinstance(obj, DTensor) and obj.device_mesh.get_coordinate() is None:
+                continue
+            try:
+                local = _create_chunk_list(obj)
+            except ValueError as e:
+                raise ValueError(
+                    f"Invalid checkpoint metadata for {fqn}, expected BytesStorageMetadata "
+                    f"but found {type(smd)}"
+                ) from e
+            items += read_items_for_chunks(fqn, smd, local)
+        # Our global step leaves the plans as they are: say so, so that our reader may keep
+        # the items on this rank instead of sending them through DCP's gather and scatter.
+        stays = (
+            type(self).create_global_plan is LoadPlanner.create_global_plan
+            and type(self).finish_plan is LoadPlanner.finish_plan
+        )
+        return LoadPlan(items, planner_data=PLAN_STAYS_LOCAL if stays else None)
+
+    def create_global_plan(self, global_plan: list[LoadPlan]) -> list[LoadPlan]:
+        # No coordination on load, as DCP's default: each rank's plan is its own (CKPT-18).
+        return global_plan
+
+    def finish_plan(self, new_plan: LoadPlan) -> LoadPlan:
+        return new_plan
+
+    def _use_pre_2_4_keys_if_needed(self, md: Metadata) -> None:
+        # Checkpoints written before torch 2.4 flattened nested keys differently; like the
+        # default planner, switch to that flattening when it explains the missing keys.
+        missing = set(md.state_dict_metadata) - set(self.state_dict)
+        if not missing:
+            return
+        _version._derived_version = "2_3"
+        try:
+            old, old_mappings = flatten_state_dict(self.original_state_dict)
+        finally:
+            _version._derived_version = None
+        if set(old) & missing:
+            self.state_dict, self.mappings = old, old_mappings
+
+
+def read_items_for_chunks(
+    fqn: str, saved: TensorStorageMetadata, local: list[ChunkStorageMetadata]
+) -> list[ReadItem]:
+    """The read items that fill ``local`` (this rank's chunks of tensor ``fqn``) from a
+    checkpoint whose chunks are ``saved.chunks``, after checking them (CKPT-1)."""
+    chunks = saved.chunks
+    src = None
+    if len(chunks) <= _DIRECT_PAIRS:
+        # Layers of one model share their shapes and chunkings: checked once per geometry.
+        geometry = tuple((tuple(c.offsets), tuple(c.sizes)) for c in chunks)
+        src = _valid_geometry(tuple(saved.size), geometry)
+    if src is None:
+        src = check_chunks(fqn, saved.size, [(c.offsets, c.sizes) for c in chunks])
+    if not local:
+        return []
+    if len(chunks) * len(local) <= _DIRECT_PAIRS:
+        return _direct_read_items(fqn, chunks, local)
+    dst = Layout(src.shape, [Shard(Box(tuple(c.offsets), tuple(c.sizes)), 0) for c in local])
+    items: list[ReadItem] = []
+    # The destination holds only this rank's chunks, so it is no valid layout (no coverage):
+    # the source was checked above; validate=False plans without asking the destination to.
+    # Offsets as the layouts' plain tuples: iterating a torch.Size costs more per element.
+    src_off = [sh.box.offsets for sh in src.shards]
+    dst_off = [sh.box.offsets for sh in dst.shards]
+    for p in plan(src, dst, validate=False).pieces:
+        si, di = p.src_shard, p.dst_shard
+        items.append(
+            ReadItem(
+                type=LoadItemType.TENSOR,
+                dest_index=MetadataIndex(fqn, local[di].offsets, di),
+                dest_offsets=torch.Size(_minus(p.offsets, dst_off[di])),
+                storage_index=MetadataIndex(fqn, chunks[si].offsets, si),
+                storage_offsets=torch.Size(_minus(p.offsets, src_off[si])),
+                lengths=torch.Size(p.sizes),
+            )
+        )
+    return items
+
+
+@functools.lru_cache(maxsize=1024)
+def _valid_geometry(
+    shape: tuple[int, ...], chunks: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
+) -> Layout | None:
+    """The chunks' layout when they pass CKPT-1, else None (the caller raises, naming the
+    tensor)."""
+    verdict = chunk_verdict("", shape, chunks)
+    return verdict if isinstance(verdict, Layout) else None
+
+
+def _minus(a: tuple[int, ...], b: Any) -> tuple[int, ...]:
+    return tuple(x - y for x, y in zip(a, b))
+
+
+# Below this many (saved, local) pairs every pair is tried directly: a state dict of thousands
+# of small tensors pays per tensor for building layouts and a plan, more than the pairs cost.
+_DIRECT_PAIRS = 64
+
+
+def _direct_read_items(
+    fqn: str, chunks: list[ChunkStorageMetadata], local: list[ChunkStorageMetadata]
+) -> list[ReadItem]:
+    """The non-empty overlaps of every (local, saved) pair, as read items (CKPT-3)."""
+    geometry = _direct_overlaps(
+        tuple((tuple(c.offsets), tuple(c.sizes)) for c in chunks),
+        tuple((tuple(c.offsets), tuple(c.sizes)) for c in local),
+    )
+    return [
+        ReadItem(
+            type=LoadItemType.TENSOR,
+            dest_index=MetadataIndex(fqn, local[di].offsets, di),
+            dest_offsets=dest_offsets,
+            storage_index=MetadataIndex(fqn, chunks[si].offsets, si),
+            storage_offsets=storage_offsets,
+            lengths=lengths,
+        )
+        for di, si, dest_offsets, storage_offsets, lengths in geometry
+    ]
+
+
+Overlap = tuple[int, int, torch.Size, torch.Size, torch.Size]
+
+
+@functools.lru_cache(maxsize=1024)
+def _direct_overlaps(
+    saved: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...],
+    local: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...],
+) -> tuple[Overlap, ...]:
+    """(local index, saved index, offsets in the local chunk, offsets in the saved chunk,
+    lengths) of each non-empty overlap: the layers of a model share their chunkings, so this
+    is worked out once per geometry (torch.Size is immutable: the items may share them)."""
+    out: list[Overlap] = []
+    for di, (d_off, d_size) in enumerate(local):
+        d_end = tuple(o + n for o, n in zip(d_off, d_size))
+        for si, (s_off, s_size) in enumerate(saved):
+            lo = tuple(map(max, s_off, d_off))
+            hi = tuple(map(min, (o + n for o, n in zip(s_off, s_size)), d_end))
+            lengths = tuple(b - a for a, b in zip(lo, hi))
+            if any(n <= 0 for n in lengths):
+                continue
+            out.append(
+                (
+                    di,
+                    si,
+                    torch.Size(_minus(lo, d_off)),
+                    torch.Size(_minus(lo, s_off)),
+                    torch.Size(lengths),
+                )
+            )
+    return tuple(out)
+
+
+class SavePlanner(DefaultSavePlanner):  # type: ignore[misc]
+    """``DefaultSavePlanner`` whose global plan check is CKPT-1 (:meth:`Layout.validate` per
+    tensor). Takes the same arguments."""
+
+    def set_up_planner(self, *args: Any, **kwargs: Any) -> None:
+        super().set_up_planner(*args, **kwargs)
+        self._shards_by_box: dict[str, dict[tuple[Any, Any], torch.Tensor]] = {}
+
+    def resolve_data(self, write_item: WriteItem) -> Any:
+        data = write_item.tensor_data
+        fqn = write_item.index.fqn
+        obj = self.state_dict.get(fqn)
+        if write_item.type == WriteItemType.SHARD and data and isinstance(obj, ShardedTensor):
+            # DCP finds the shard by the item's index, which its global plan renumbers, then
+            # by scanning for the offset alone: the wrong shard when an empty one starts at
+            # the same offset. Offsets and sizes name the shard; indexed once per tensor.
+            boxes = self._shards_by_box.get(fqn)
+            if boxes is None:
+                boxes = self._shards_by_box[fqn] = {
+                    (tuple(s.metadata.shard_offsets), tuple(s.metadata.shard_sizes)): s.tensor
+                    for s in obj.local_shards()
+                }
+            tensor = boxes.get((tuple(data.chunk.offsets), tuple(data.chunk.sizes)))
+            if tensor is not None:
+                return self.transform_object(write_item, tensor)
+        return super().resolve_data(write_item)
+
+    def _create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
+        plans = _without_shadowed_empty_chunks(all_plans)
+        global_plan, metadata = create_default_global_save_plan(self._dedup_save_plans(plans))
+        if self.flatten_state_dict:
+            merged = dict(ChainMap(*(p.planner_data for p in global_plan)))
+            metadata = dataclasses.replace(metadata, planner_data=merged)
+        check_saved_chunks(metadata, require_cover=len(global_plan) > 1)
+        return global_plan, metadata
+
+
+def _without_shadowed_empty_chunks(plans: list[SavePlan]) -> list[SavePlan]:
+    """The plans without the empty chunks that start where a non-empty chunk of the same
+    tensor does, on any rank. DCP files chunks by (key, offset): such an empty chunk would win
+    the dedup against the other (whose data would then not be saved) or, on one rank, take
+    its storage entry. It holds no data, so leaving it out loses nothing (CKPT-1)."""
+
+    def chunk(w: WriteItem) -> Any:
+        return w.tensor_data.chunk if w.type == WriteItemType.SHARD and w.tensor_data else None
+
+    filled = {
+        (w.index.fqn, tuple(c.offsets))
+        for p in plans
+        for w in p.items
+        if (c := chunk(w)) is not None and math.prod(c.sizes) > 0
+    }
+
+    def shadowed(w: WriteItem) -> bool:
+        c = chunk(w)
+        return (
+            c is not None and math.prod(c.sizes) == 0 and (w.index.fqn, tuple(c.offsets)) in filled
+        )
+
+    return [
+        dataclasses.replace(p, items=[w for w in p.items if not shadowed(w)])
+        if any(shadowed(w) for w in p.items)
+        else p
+        for p in plans
+    ]
+
+
+def check_saved_chunks(metadata: Metadata, *, require_cover: bool = True) -> None:
+    """Raise :class:`ChunkError` for the first tensor of ``metadata`` whose chunks break
+    CKPT-1 (a gap only when ``require_cover``)."""
+    for fqn, smd in metadata.state_dict_metadata.items():
+        if not isinstance(smd, TensorStorageMetadata):
+            continue
+        verdict = chunk_verdict(fqn, smd.size, [(c.offsets, c.sizes) for c in smd.chunks])
+        if isinstance(verdict, ChunkError) and (require_cover or verdict.kind != "gap"):
+            raise verdict

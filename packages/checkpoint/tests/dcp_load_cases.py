@@ -1,0 +1,134 @@
+"""Rank-side functions for test_dcp_load.py: save a state dict of DTensors, ShardedTensors,
+plain tensors and a non-tensor value with DCP, then load it with a given planner into other
+layouts, and report every local tensor that differs from the reference slice of the global
+tensor (what ``distribute_tensor`` / the shard metadata say the rank holds).
+
+A tensor is described as ``(kind, ...)``: ``("dt", mesh_shape, placements)`` with placements
+``("S", dim)`` / ``("R",)``, ``("st", layout)`` for a ShardedTensor, ``("plain",)`` for a
+regular tensor every rank holds whole."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from shardspec.reshard.reference import same_bits
+from shardspec.testing.tensors import make_sharded_tensor, random_tensor
+
+Entry = tuple[str, tuple[int, ...], str]  # name, shape, dtype name
+
+
+def full_tensor(name: str, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
+    seed = sum(ord(c) * (i + 1) for i, c in enumerate(name))
+    return random_tensor(shape, getattr(torch, dtype), seed)
+
+
+def _build(full: torch.Tensor, how: tuple[Any, ...], zero: bool) -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    src = torch.zeros_like(full) if zero else full
+    if how[0] == "plain":
+        return src.clone()
+    if how[0] == "st":
+        return make_sharded_tensor(src, how[1])
+    mesh = init_device_mesh("cpu", how[1])
+    placements = [Shard(p[1]) if p[0] == "S" else Replicate() for p in how[2]]
+    return distribute_tensor(src, mesh, placements)
+
+
+def _expected_locals(full: torch.Tensor, how: tuple[Any, ...]) -> list[torch.Tensor]:
+    """The reference: what the rank holds of ``full`` in layout ``how``, built by torch's own
+    scatter (DTensor) or by slicing at the shard metadata (ShardedTensor)."""
+    obj = _build(full, how, zero=False)
+    return _locals(obj)
+
+
+def _locals(obj: Any) -> list[torch.Tensor]:
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(obj, DTensor):
+        return [obj.to_local()]
+    if isinstance(obj, ShardedTensor):
+        return [s.tensor for s in obj.local_shards()]
+    return [obj]
+
+
+def save(
+    rank: int,
+    world: int,
+    path: str,
+    entries: list[tuple[Entry, tuple[Any, ...]]],
+    ours: bool,
+) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    from shardspec.checkpoint.dcp import SavePlanner
+
+    sd: dict[str, Any] = {
+        name: _build(full_tensor(name, shape, dt), how, zero=False)
+        for (name, shape, dt), how in entries
+    }
+    sd["step"] = {"epoch": 3, "note": "not a tensor"}
+    dcp.save(sd, checkpoint_id=path, planner=SavePlanner() if ours else None)
+
+
+def load(
+    rank: int,
+    world: int,
+    path: str,
+    entries: list[tuple[Entry, tuple[Any, ...]]],
+    planner: str,
+) -> dict[str, Any]:
+    """Load with ``planner`` ("ours" or "default"); return the failures and what was read."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    from shardspec.checkpoint.dcp import LoadPlanner
+
+    sd: dict[str, Any] = {}
+    fulls: dict[str, torch.Tensor] = {}
+    for (name, shape, dt), how in entries:
+        fulls[name] = full_tensor(name, shape, dt)
+        sd[name] = _build(fulls[name], how, zero=True)
+    sd["step"] = {"epoch": 0, "note": ""}
+    dcp.load(
+        sd, checkpoint_id=path, planner=LoadPlanner() if planner == "ours" else DefaultLoadPlanner()
+    )
+    failures: list[str] = []
+    for (name, _, _), how in entries:
+        got = _locals(sd[name])
+        want = _expected_locals(fulls[name], how)
+        if len(got) != len(want):
+            failures.append(f"rank {rank} {name}: {len(got)} local tensors, want {len(want)}")
+            continue
+        for i, (g, w) in enumerate(zip(got, want)):
+            if not same_bits(g, w):
+                failures.append(f"rank {rank} {name}[{i}] ({planner}): loaded bytes differ")
+    if sd["step"] != {"epoch": 3, "note": "not a tensor"}:
+        failures.append(f"rank {rank}: the non-tensor value loaded as {sd['step']!r}")
+    return {"failures": failures, "bytes": {n: [t.numel() for t in _locals(sd[n])] for n in fulls}}
+
+
+def load_expecting_error(rank: int, world: int, path: str, entries: list[Any]) -> str:
+    """Load with our planner from a damaged checkpoint; return the error every rank sees."""
+    import torch.distributed.checkpoint as dcp
+
+    from shardspec.checkpoint.dcp import LoadPlanner, chunk_error
+
+    sd: dict[str, Any] = {}
+    for (name, shape, dt), how in entries:
+        sd[name] = _build(full_tensor(name, shape, dt), how, zero=True)
+    before = {n: [t.clone() for t in _locals(v)] for n, v in sd.items()}
+    try:
+        dcp.load(sd, checkpoint_id=path, planner=LoadPlanner())
+    except BaseException as e:  # DCP wraps rank errors in CheckpointException (BaseException)
+        untouched = all(
+            all(same_bits(a, b) for a, b in zip(before[n], _locals(v))) for n, v in sd.items()
+        )
+        found = chunk_error(e)
+        ours = f"{found.kind} {found.fqn!r}" if found is not None else None
+        return f"{type(e).__name__}: {e} | untouched={untouched} | chunk_error={ours}"
+    return "no error"

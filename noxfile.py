@@ -30,6 +30,9 @@ ROOT = Path(__file__).parent
 PACKAGE_ORDER = ("metadata", "testing", "reshard", "checkpoint", "fsdp", "torchrec")
 DEFAULT_TORCH = "2.13.0"
 TEST_DEPS = ("pytest>=8", "hypothesis>=6.100", "pytest-timeout", "pytest-xdist")
+# `lint` checks the import contracts with it; conformance/meta holds them to made-up graphs.
+# Pinned: new releases change what a contract reports.
+IMPORT_LINTER = "import-linter==2.17"
 # The TorchRec release (and its fbgemm-gpu-cpu) built against each torch minor release; 2.15
 # has none yet: 1.9.2's fbgemm 1.9.0 installs but does not load there, and the torchrec tests
 # skip with the loader's error.
@@ -209,7 +212,7 @@ def run_pytest(stack: Stack, *args: str) -> None:
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """Unit and property tests of every package."""
-    stack = install_stack(session)
+    stack = install_stack(session, IMPORT_LINTER)
     _, rest = split_args(session)
     test_dirs = [str(p / "tests") for p in packages() if (p / "tests").is_dir()]
     if (ROOT / "conformance" / "meta").is_dir():
@@ -222,7 +225,7 @@ def tests(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def slow(session: nox.Session) -> None:
     """The tests marked slow: larger worlds and longer hunts than the default suite."""
-    stack = install_stack(session)
+    stack = install_stack(session, IMPORT_LINTER)
     _, rest = split_args(session)
     test_dirs = [str(p / "tests") for p in packages() if (p / "tests").is_dir()]
     run_pytest(stack, *test_dirs, "conformance/meta", "-m", "slow", *rest)
@@ -432,10 +435,15 @@ def conformance_gpu(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff: lint and formatting."""
-    session.install("ruff==0.17.6")  # pinned: new ruff releases add rules
+    """ruff: lint and formatting; import-linter: the direction of dependencies and no import
+    circles (the contracts in pyproject.toml)."""
+    session.install("ruff==0.17.6", IMPORT_LINTER)  # pinned: new ruff releases add rules
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    # import-linter reads the sources only: the packages are found on PYTHONPATH, torch-free,
+    # and .ci holds the contract type it adds (import_contracts.py).
+    paths = [ROOT / ".ci", *sorted((ROOT / "packages").glob("*/src"))]
+    session.run("lint-imports", "--no-cache", env={"PYTHONPATH": os.pathsep.join(map(str, paths))})
 
 
 @nox.session(venv_backend="none")

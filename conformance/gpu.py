@@ -18,29 +18,10 @@ CUDA tensors against the device's copy bandwidth and DTensor (:mod:`conformance.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _installed(module: str) -> bool:
-    # find_spec raises, rather than answering None, when the parent package is missing too.
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ, SHARDSPEC_IMPL="shardspec")
-    if not _installed("shardspec.reshard"):
-        srcs = [str(p) for p in sorted((ROOT / "packages").glob("*/src"))]
-        env["PYTHONPATH"] = os.pathsep.join([*srcs, str(ROOT), env.get("PYTHONPATH", "")])
-    return env
+from conformance.gpu_env import ROOT, gpu_env
 
 
 def phases(gpus: int) -> list[dict[str, str]]:
@@ -69,7 +50,7 @@ def main(argv: list[str]) -> int:
     name = torch.cuda.get_device_name(0)
     print(f"conformance.gpu: torch {torch.__version__}, {gpus} GPU(s): {name}")
     for extra in phases(gpus):
-        env = {**_env(), **extra}
+        env = {**gpu_env(), **extra}
         print(f"conformance.gpu: {' '.join(f'{k}={v}' for k, v in extra.items())}", flush=True)
         cmd = [sys.executable, "-m", "pytest", "conformance/tests", "-p", "no:cacheprovider"]
         rc = subprocess.run([*cmd, *argv], cwd=ROOT, env=env, check=False).returncode

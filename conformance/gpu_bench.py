@@ -483,9 +483,9 @@ def measure_reshard(
 
 def _use_checkout() -> None:
     """Where shardspec is not installed, take it from this checkout, here and in the ranks."""
-    from conformance.gpu import ROOT, _env
+    from conformance.gpu_env import ROOT, gpu_env
 
-    env = _env()
+    env = gpu_env()
     if "PYTHONPATH" in env:
         os.environ["PYTHONPATH"] = env["PYTHONPATH"]
         for path in reversed([p for p in env["PYTHONPATH"].split(os.pathsep) if p]):

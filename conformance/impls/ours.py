@@ -7,7 +7,7 @@ from typing import Any
 
 from shardspec.metadata import Box, Layout, LayoutError, chunk_layout
 
-from . import Impl
+from .interface import Impl
 
 
 class ShardspecImpl(Impl):
@@ -120,7 +120,7 @@ class ShardspecImpl(Impl):
     ) -> tuple[Any, int]:
         from shardspec.checkpoint.dcp import LoadPlanner as Planner
 
-        from . import load_through_planner
+        from .dcp_memory import load_through_planner
 
         return load_through_planner(Planner(), shape, chunks, tensor)
 
@@ -131,7 +131,7 @@ class ShardspecImpl(Impl):
 
         from shardspec.checkpoint.dcp import read_items_for_chunks
 
-        from . import checkpoint_storage, read_regions
+        from .dcp_memory import checkpoint_storage, read_regions
 
         mine = [ChunkStorageMetadata(list(b.offsets), list(b.sizes)) for b in local]
         return read_regions(read_items_for_chunks("t", checkpoint_storage(shape, saved), mine))

@@ -13,7 +13,7 @@ from typing import Any
 
 from shardspec.metadata import Box, Layout, Shard
 
-from . import Impl
+from .interface import Impl
 
 
 def _placement(rank: int) -> str:
@@ -171,7 +171,7 @@ class TorchImpl(Impl):
         from torch.distributed.checkpoint.default_planner import _validate_global_plan
         from torch.distributed.checkpoint.metadata import Metadata
 
-        from . import checkpoint_storage
+        from .dcp_memory import checkpoint_storage
 
         if not shape:
             raise self.unsupported("_validate_global_plan skips 0-d tensors")
@@ -183,7 +183,7 @@ class TorchImpl(Impl):
     ) -> tuple[Any, int]:
         from torch.distributed.checkpoint import DefaultLoadPlanner as Planner
 
-        from . import load_through_planner
+        from .dcp_memory import load_through_planner
 
         return load_through_planner(Planner(), shape, chunks, tensor)
 
@@ -193,7 +193,7 @@ class TorchImpl(Impl):
         from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
         from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-        from . import checkpoint_storage, read_regions
+        from .dcp_memory import checkpoint_storage, read_regions
 
         mine = [ChunkStorageMetadata(list(b.offsets), list(b.sizes)) for b in local]
         return read_regions(

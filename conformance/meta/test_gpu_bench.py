@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from conformance import gpu_bench as gb
-from conformance.gpu import ROOT
+from conformance.gpu_env import ROOT
 
 M, G = 1 << 20, 1 << 30
 

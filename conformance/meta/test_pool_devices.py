@@ -67,13 +67,13 @@ def test_gpu_runner_takes_the_packages_from_the_checkout_where_none_is_installed
     package rather than answering None, and the runner must still find the checkout's code."""
     import importlib.util
 
-    import conformance.gpu as gpu
+    from conformance.gpu_env import ROOT, gpu_env
 
     def missing(name: str, *args: object) -> None:
         raise ModuleNotFoundError(f"No module named {name.split('.')[0]!r}")
 
     monkeypatch.setattr(importlib.util, "find_spec", missing)
     monkeypatch.delenv("PYTHONPATH", raising=False)
-    path = gpu._env()["PYTHONPATH"].split(":")
-    assert str(gpu.ROOT / "packages" / "reshard" / "src") in path
-    assert str(gpu.ROOT) in path
+    path = gpu_env()["PYTHONPATH"].split(":")
+    assert str(ROOT / "packages" / "reshard" / "src") in path
+    assert str(ROOT) in path

@@ -85,11 +85,11 @@ def test_python_and_numpy_paths_agree_with_brute_force(layout: Layout) -> None:
     the same shards where the report order fixes them (ndim, bounds, duplicate) and a true
     overlap or gap otherwise."""
     columns = shard_columns(layout.shards, layout.ndim)
-    python = _outcome(lambda: validate_shards(layout))
+    python = _outcome(lambda: validate_shards(layout.shape, layout.shards))
     if columns is None:  # a shard of another ndim: no columns, the Python path reports it
         assert python is not None and python.kind == "ndim"
         return
-    numpy = _outcome(lambda: validate_columns(layout, columns))
+    numpy = _outcome(lambda: validate_columns(layout.shape, layout.shards, columns))
     assert (python is None) == (numpy is None) == is_valid(layout), (python, numpy)
     if python is None or numpy is None:
         return
@@ -127,7 +127,7 @@ def test_large_layouts_report_faults_like_small_ones() -> None:
         with pytest.raises(LayoutError) as ei:
             layout.validate()
         assert (ei.value.kind, ei.value.shards, ei.value.point) == expected[name], name
-        small = _outcome(lambda lay=layout: validate_shards(lay))
+        small = _outcome(lambda lay=layout: validate_shards(lay.shape, lay.shards))
         assert small is not None and small.kind == ei.value.kind, name
         _check_error_is_true(layout, ei.value)
 

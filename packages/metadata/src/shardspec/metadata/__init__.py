@@ -13,9 +13,8 @@ from .box import Box
 from .chunk import chunk_bounds, chunk_layout, chunk_size
 from .errors import ConversionError, LayoutError
 from .infer import infer_spec
-from .layout import Layout, Shard
+from .layout import Layout, Shard, render
 from .lazy import lazy_exports
-from .render import render
 from .serialize import layout_from_dict, layout_from_json, layout_to_dict, layout_to_json
 from .specs import ChunkSpec, EnumerableSpec
 

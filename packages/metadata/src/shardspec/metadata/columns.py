@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-    from .layout import Shard
+    from .shard import Shard
 
 __all__ = ["COLUMNS_FROM", "INT_LIMIT", "Columns", "shard_columns"]
 

@@ -1,4 +1,8 @@
-"""Shards and layouts: a global shape and the boxes each rank owns."""
+"""Layouts: a global shape and the boxes each rank owns.
+
+The rules are checked by :mod:`.validate` and the text picture drawn by :mod:`.picture`; both
+work on a shape and its shards, below this module, so that the methods here only hand them on.
+"""
 
 from __future__ import annotations
 
@@ -8,63 +12,14 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence, Set as Abstra
 from itertools import repeat
 from typing import Any
 
-from .box import Box, _to_int, as_index_tuple, show_ints
+from .box import Box, as_index_tuple, show_ints
 from .columns import COLUMNS_FROM, Columns, shard_columns
 from .errors import LayoutError, shorten
+from .picture import MAX_COLS, MAX_ROWS, draw
+from .shard import Shard
 from .validate import validate_layout
 
-__all__ = ["Layout", "Shard", "require_layout"]
-
-
-class Shard:
-    """One box of a layout and the rank that holds it. Immutable; compares and hashes by
-    (box, rank)."""
-
-    __slots__ = ("box", "rank")
-    __match_args__ = ("box", "rank")
-    box: Box
-    rank: int
-
-    def __init__(self, box: Box, rank: int) -> None:
-        # Written out rather than a frozen dataclass: layouts hold millions of shards, and the
-        # generated __init__ plus __post_init__ cost twice this.
-        if type(box) is not Box and not isinstance(box, Box):
-            raise LayoutError(f"Shard.box must be a Box, got {type(box).__name__}: {shorten(box)}")
-        if type(rank) is not int:  # numpy / torch ints from upstream code become plain ints
-            plain = _to_int(rank)
-            if plain is None:
-                raise LayoutError(f"Shard.rank must be a non-negative int, got {shorten(rank)}")
-            rank = plain
-        if rank < 0:
-            raise LayoutError(f"Shard.rank must be a non-negative int, got {shorten(rank)}")
-        _set_box(self, box)
-        _set_rank(self, rank)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError("Shard is immutable")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError("Shard is immutable")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Shard, (self.box, self.rank))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Shard):
-            return NotImplemented
-        return self.rank == other.rank and self.box == other.box
-
-    def __hash__(self) -> int:
-        return hash((self.box, self.rank))
-
-    def __repr__(self) -> str:
-        box = repr(self.box)  # "Box(offsets=..., sizes=...)", long ints shortened
-        return f"Shard(rank={shorten(self.rank)}, {box[4:-1]})"
-
-
-# The slots' own setters: Shard.__setattr__ refuses every write after construction.
-_set_box = Shard.__dict__["box"].__set__
-_set_rank = Shard.__dict__["rank"].__set__
+__all__ = ["Layout", "Shard", "render", "require_layout"]
 
 
 class Layout:
@@ -211,7 +166,7 @@ class Layout:
 
         Returns ``self`` so that ``layout = Layout(...).validate()`` reads naturally.
         """
-        validate_layout(self)
+        validate_layout(self.shape, self.shards, self._columns)
         return self
 
     def is_valid(self) -> bool:
@@ -221,11 +176,14 @@ class Layout:
             return False
         return True
 
-    def render(self) -> str:
-        """A text picture of which rank holds which region (see :func:`render`)."""
-        from .render import render
-
-        return render(self)
+    def render(self, *, max_rows: int = MAX_ROWS, max_cols: int = MAX_COLS) -> str:
+        """A text picture of which rank holds which region (see :mod:`.picture`); an invalid
+        layout is shown as a table of its boxes, under the reason."""
+        try:
+            self.validate()
+        except LayoutError as e:
+            return draw(self.shape, self.shards, e, max_rows=max_rows, max_cols=max_cols)
+        return draw(self.shape, self.shards, None, max_rows=max_rows, max_cols=max_cols)
 
     def with_ranks(self, mapping: dict[int, int] | Sequence[int]) -> Layout:
         """The same boxes with rank ``r`` renamed to ``mapping[r]``."""
@@ -259,6 +217,13 @@ def _shard_tuple(shards: Iterable[Shard]) -> tuple[Shard, ...]:
             f"Layout shards must be an iterable of Shard, got {type(shards).__name__}: "
             f"{shorten(shards)} ({type(e).__name__}: {shorten(str(e))})"
         ) from None
+
+
+def render(layout: Layout, *, max_rows: int = MAX_ROWS, max_cols: int = MAX_COLS) -> str:
+    """A multi-line picture of ``layout`` (no trailing newline): :meth:`Layout.render`, for a
+    value that must first be checked to be a layout."""
+    require_layout(layout, "render")
+    return layout.render(max_rows=max_rows, max_cols=max_cols)
 
 
 def require_layout(value: object, where: str) -> None:

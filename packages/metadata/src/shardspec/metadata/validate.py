@@ -23,6 +23,9 @@ over the columns a large layout keeps (:mod:`.columns`). A layout with a number 
 path whatever its size: Python ints are exact. Where several faults exist the report
 is fixed: ndim, then bounds (the first shard out), then duplicates (the first shard that
 repeats an earlier one), then an overlap before a gap.
+
+Everything here reads a shape and its shards (and the columns of a large layout), not a
+:class:`~shardspec.metadata.Layout`: ``Layout.validate`` hands them over.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-    from .layout import Layout, Shard
+    from .shard import Shard
 
 __all__ = ["validate_columns", "validate_layout", "validate_shards"]
 
@@ -51,27 +54,28 @@ _box_bounds = attrgetter("box.offsets", "box.sizes")
 _rank = attrgetter("rank")
 
 
-def validate_layout(layout: Layout) -> None:
-    columns = layout._columns
-    if columns is None or max(layout.shape, default=0) > INT_LIMIT:
-        validate_shards(layout)
+def validate_layout(
+    shape: tuple[int, ...], shards: Sequence[Shard], columns: Columns | None
+) -> None:
+    """Check the layout of ``shape`` and ``shards`` (``columns``: the shards as columns, which
+    a large layout keeps); raise :class:`LayoutError` naming the offending shards."""
+    if columns is None or max(shape, default=0) > INT_LIMIT:
+        validate_shards(shape, shards)
     else:
-        validate_columns(layout, columns)
+        validate_columns(shape, shards, columns)
 
 
-def validate_shards(layout: Layout) -> None:
+def validate_shards(shape: tuple[int, ...], shards: Sequence[Shard]) -> None:
     """Steps 1-2 in plain Python; every per-shard pass is a C-level map, zip or set."""
-    shape = layout.shape
     nd = len(shape)
-    shards = layout.shards
     m = len(shards)
     if m == 0:
-        _require_shards(layout)
+        _require_shards(shape)
         return
     boxes: list[tuple[tuple[int, ...], tuple[int, ...]]] = list(map(_box_bounds, shards))
     offs, sizes = zip(*boxes)
     if set(map(len, sizes)) != {nd}:
-        _raise_ndim(layout, next(i for i, z in enumerate(sizes) if len(z) != nd))
+        _raise_ndim(shape, shards, next(i for i, z in enumerate(sizes) if len(z) != nd))
     offs_by_dim = list(zip(*offs))
     sizes_by_dim = list(zip(*sizes))
     ends_by_dim = list(map(list, map(map, repeat(add), offs_by_dim, sizes_by_dim)))
@@ -91,13 +95,15 @@ def validate_shards(layout: Layout) -> None:
 
     # Something is off, or the layout has replicas or empty boxes: the checks in report order.
     if any(map(gt, map(max, ends_by_dim), shape)):
-        _raise_bounds(layout, next(i for i, s in enumerate(shards) if not s.box.fits_in(shape)))
+        _raise_bounds(
+            shape, shards, next(i for i, s in enumerate(shards) if not s.box.fits_in(shape))
+        )
     rows = list(zip(boxes, map(_rank, shards)))
     if len(set(rows)) != m:
         seen: dict[object, int] = {}
         for j, row in enumerate(rows):
             if row in seen:
-                _raise_duplicate(layout, seen[row], j)
+                _raise_duplicate(shards, seen[row], j)
             seen[row] = j
     if nd == 0 or 0 in shape:
         return  # a 0-d tensor's one element is held by Box((), ()); an empty one needs nothing
@@ -110,7 +116,7 @@ def validate_shards(layout: Layout) -> None:
         shape,
         len(distinct),
     ):
-        _check_cover(layout, distinct)
+        _check_cover(shape, shards, distinct)
 
 
 def _is_grid(
@@ -145,24 +151,23 @@ def _is_grid(
     return cells == k
 
 
-def validate_columns(layout: Layout, columns: Columns) -> None:
+def validate_columns(shape: tuple[int, ...], shards: Sequence[Shard], columns: Columns) -> None:
     """Steps 1-2 in NumPy over the columns of a large layout."""
     import numpy as np
 
-    shape = layout.shape
     nd = len(shape)
-    m = len(layout.shards)
+    m = len(shards)
     if m == 0:
-        _require_shards(layout)
+        _require_shards(shape)
         return
     offs, sizes, ranks = columns.offsets, columns.sizes, columns.ranks
     ends = offs + sizes
     dims = np.asarray(shape, dtype=np.int64)
     if nd and (ends.max(axis=1) > dims).any():
-        _raise_bounds(layout, int(np.argmax((ends > dims[:, None]).any(axis=0))))
+        _raise_bounds(shape, shards, int(np.argmax((ends > dims[:, None]).any(axis=0))))
     all_keys = [*offs, *sizes, ranks]
     if nd == 0 or 0 in shape:
-        _check_duplicates(layout, all_keys)
+        _check_duplicates(shards, all_keys)
         return
 
     full = bool(sizes.min() > 0)
@@ -177,9 +182,9 @@ def validate_columns(layout: Layout, columns: Columns) -> None:
             # Every cell is held. Boxes in one cell are one box, so the only fault left is a
             # box twice on one rank, impossible when every shard has a cell of its own.
             if not (full and count == m):
-                _check_duplicates(layout, all_keys)
+                _check_duplicates(shards, all_keys)
             return
-    sorted_rows = _check_duplicates(layout, all_keys)
+    sorted_rows = _check_duplicates(shards, all_keys)
     # The first holder of each distinct non-empty box, in shard order.
     if sorted_rows is None:
         firsts = np.arange(m)
@@ -191,11 +196,11 @@ def validate_columns(layout: Layout, columns: Columns) -> None:
         firsts = firsts[(sizes[:, firsts] > 0).all(axis=0)]
     firsts = np.sort(firsts)
     if not firsts.size or not fits(firsts.size, shape):
-        _check_cover(layout, [int(i) for i in firsts])
+        _check_cover(shape, shards, [int(i) for i in firsts])
         return
     problem = find_problem_columns(offs[:, firsts], ends[:, firsts], shape)
     if isinstance(problem, Gap):
-        _raise_gap(layout, problem.point)
+        _raise_gap(shape, shards, problem.point)
     if isinstance(problem, Overlap):
         a, b = int(firsts[problem.a]), int(firsts[problem.b])
 
@@ -204,7 +209,7 @@ def validate_columns(layout: Layout, columns: Columns) -> None:
             same &= (sizes == sizes[:, i : i + 1]).all(axis=0)
             return [int(j) for j in np.flatnonzero(same)]
 
-        _raise_overlap(layout, a, b, holders(a), holders(b))
+        _raise_overlap(shape, shards, a, b, holders(a), holders(b))
 
 
 def _grid_cells(
@@ -250,7 +255,7 @@ def _grid_cells(
 
 
 def _check_duplicates(
-    layout: Layout, keys: list[npt.NDArray[np.int64]]
+    shards: Sequence[Shard], keys: list[npt.NDArray[np.int64]]
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]] | None:
     """Raise for the first shard whose row of ``keys`` (the last key being the rank) repeats an
     earlier shard's. Returns the rows' sorted order and, between neighbours in it, whether
@@ -274,12 +279,11 @@ def _check_duplicates(
         first = np.ones(m, dtype=bool)
         for key in keys:
             first &= key == key[j]
-        _raise_duplicate(layout, int(np.argmax(first)), j)
+        _raise_duplicate(shards, int(np.argmax(first)), j)
     return order, same_box
 
 
-def _require_shards(layout: Layout) -> None:
-    shape = layout.shape
+def _require_shards(shape: tuple[int, ...]) -> None:
     if math.prod(shape) != 0:
         point = (0,) * len(shape)
         raise LayoutError(
@@ -290,9 +294,8 @@ def _require_shards(layout: Layout) -> None:
         )
 
 
-def _check_cover(layout: Layout, picked: list[int]) -> None:
+def _check_cover(shape: tuple[int, ...], shards: Sequence[Shard], picked: list[int]) -> None:
     """Raise unless the distinct non-empty boxes ``picked`` (shard indices) tile the tensor."""
-    shape, shards = layout.shape, layout.shards
     nd = len(shape)
     bounds: list[Bounds] = [(shards[i].box.offsets, shards[i].box.stops) for i in picked]
     if not bounds:
@@ -309,11 +312,12 @@ def _check_cover(layout: Layout, picked: list[int]) -> None:
         if pair is not None:
             problem = Overlap(*pair)
     if isinstance(problem, Gap):
-        _raise_gap(layout, problem.point)
+        _raise_gap(shape, shards, problem.point)
     a, b = picked[problem.a], picked[problem.b]
     box_a, box_b = shards[a].box, shards[b].box
     _raise_overlap(
-        layout,
+        shape,
+        shards,
         a,
         b,
         [i for i, s in enumerate(shards) if s.box == box_a],
@@ -321,42 +325,46 @@ def _check_cover(layout: Layout, picked: list[int]) -> None:
     )
 
 
-def _raise_gap(layout: Layout, point: tuple[int, ...]) -> NoReturn:
+def _raise_gap(shape: tuple[int, ...], shards: Sequence[Shard], point: tuple[int, ...]) -> NoReturn:
     raise LayoutError(
         f"the shards do not cover the tensor: element {show_ints(point)} of shape "
-        f"{show_ints(layout.shape)} is held by no shard ({len(layout.shards)} shards)",
+        f"{show_ints(shape)} is held by no shard ({len(shards)} shards)",
         kind="gap",
         point=point,
     )
 
 
 def _raise_overlap(
-    layout: Layout, a: int, b: int, holders_a: list[int], holders_b: list[int]
+    shape: tuple[int, ...],
+    shards: Sequence[Shard],
+    a: int,
+    b: int,
+    holders_a: list[int],
+    holders_b: list[int],
 ) -> NoReturn:
     """Shards ``a`` and ``b`` overlap; ``holders_*`` are all the shards with each box."""
-    shards = layout.shards
     box_a, box_b = shards[a].box, shards[b].box
     raise LayoutError(
         f"shards overlap: {_describe(box_a, shards, holders_a)} and "
         f"{_describe(box_b, shards, holders_b)} share {box_a.intersect(box_b)} "
-        f"(layout shape {show_ints(layout.shape)}); replicas must be identical boxes",
+        f"(layout shape {show_ints(shape)}); replicas must be identical boxes",
         kind="overlap",
         shards=(a, b),
     )
 
 
-def _raise_ndim(layout: Layout, i: int) -> NoReturn:
-    s = layout.shards[i]
+def _raise_ndim(shape: tuple[int, ...], shards: Sequence[Shard], i: int) -> NoReturn:
+    s = shards[i]
     raise LayoutError(
         f"shard #{i} on rank {shorten(s.rank)} has {s.box.ndim} dims but the layout shape "
-        f"{show_ints(layout.shape)} has {layout.ndim}: {s.box}",
+        f"{show_ints(shape)} has {len(shape)}: {s.box}",
         kind="ndim",
         shards=(i,),
     )
 
 
-def _raise_bounds(layout: Layout, i: int) -> NoReturn:
-    shape, box, rank = layout.shape, layout.shards[i].box, layout.shards[i].rank
+def _raise_bounds(shape: tuple[int, ...], shards: Sequence[Shard], i: int) -> NoReturn:
+    box, rank = shards[i].box, shards[i].rank
     d = next(d for d in range(len(shape)) if box.offsets[d] + box.sizes[d] > shape[d])
     raise LayoutError(
         f"shard #{i} on rank {shorten(rank)} is out of bounds in dim {d}: {box} ends "
@@ -367,8 +375,8 @@ def _raise_bounds(layout: Layout, i: int) -> NoReturn:
     )
 
 
-def _raise_duplicate(layout: Layout, i: int, j: int) -> NoReturn:
-    s = layout.shards[i]
+def _raise_duplicate(shards: Sequence[Shard], i: int, j: int) -> NoReturn:
+    s = shards[i]
     raise LayoutError(
         f"shards #{i} and #{j} are the same box {s.box} twice on rank {shorten(s.rank)}",
         kind="duplicate",
@@ -376,7 +384,7 @@ def _raise_duplicate(layout: Layout, i: int, j: int) -> NoReturn:
     )
 
 
-def _describe(box: Box, shards: tuple[Shard, ...], holders: list[int]) -> str:
+def _describe(box: Box, shards: Sequence[Shard], holders: list[int]) -> str:
     ranks = [shards[i].rank for i in holders]
     idx = ", ".join(f"#{i}" for i in holders)
     who = f"rank {shorten(ranks[0])}" if len(ranks) == 1 else f"ranks {shorten(ranks)}"

@@ -26,11 +26,13 @@ from datetime import timedelta
 from typing import Any
 
 from .devices import backend, device_type
-from .pool import PoolError, RankPool, _Worker
+from .pool import RankPool
+from .processes import Ranks, Worker
 from .protocol import recv_frame, send_frame
+from .results import PoolError
 from .timing import scaled
 
-__all__ = ["LaunchedPool", "is_launched", "launched_world", "main"]
+__all__ = ["LaunchedPool", "LaunchedRanks", "is_launched", "launched_world", "main"]
 
 _KEY = "shardspec/driver"
 
@@ -63,7 +65,8 @@ def _launcher_store() -> Any:
 
 
 class _Remote:
-    """A launcher rank as the pool sees a process: alive until its socket says otherwise."""
+    """A launcher rank as the pool sees a process: alive until its socket says otherwise, and
+    not the driver's to wait for or kill (the launcher owns it)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -71,6 +74,12 @@ class _Remote:
 
     def poll(self) -> int | None:
         return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        return self.returncode
+
+    def kill(self) -> None:
+        pass
 
 
 class _Hub:
@@ -148,8 +157,15 @@ def _hub() -> _Hub:
     return _HUB
 
 
-class LaunchedPool(RankPool):
-    """A pool whose ranks are launcher ranks 1..W of a ``torchrun`` job (see the module)."""
+class LaunchedRanks:
+    """Launcher ranks 1..W of a ``torchrun`` job as a pool's ranks (see the module): started by
+    forming their world, never restarted."""
+
+    def __init__(self, world_size: int, ops: tuple[str, ...], startup_timeout: float) -> None:
+        self.world_size = world_size
+        self.ops = ops
+        self.startup_timeout = startup_timeout
+        self.workers: list[Worker] = []
 
     @property
     def running(self) -> bool:
@@ -157,8 +173,6 @@ class LaunchedPool(RankPool):
         return bool(self.workers) and hub.current == self.world_size and hub.broken is None
 
     def start(self) -> None:
-        if self.running:
-            return
         hub = _hub()
         if self.world_size > hub.size:
             raise PoolError(
@@ -167,12 +181,11 @@ class LaunchedPool(RankPool):
             )
         hub.form(self.world_size, self.ops, scaled(self.startup_timeout))
         self.workers = [
-            _Worker(r, _Remote(hub.pids[r]), log=None, sock=hub.conns[r])  # type: ignore[arg-type]
+            Worker(r, _Remote(hub.pids[r]), log=None, sock=hub.conns[r])
             for r in range(self.world_size)
         ]
-        self.generation += 1
 
-    def _kill(self) -> None:
+    def kill(self) -> None:
         # Launcher ranks cannot be restarted: after a crash every later call fails clearly.
         if self.workers:
             _hub().broken = (
@@ -182,6 +195,13 @@ class LaunchedPool(RankPool):
 
     def close(self) -> None:
         self.workers = []
+
+
+class LaunchedPool(RankPool):
+    """A pool whose ranks are launcher ranks 1..W of a ``torchrun`` job (see the module)."""
+
+    def _new_ranks(self) -> Ranks:
+        return LaunchedRanks(self.world_size, self.ops, self.startup_timeout)
 
 
 def _serve(rank: int, store: Any) -> None:

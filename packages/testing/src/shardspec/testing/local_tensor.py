@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from .ops import Context, execute
-from .pool import RankError, RankFailure, RankResult
+from .results import RankError, RankFailure, RankResult
 
 __all__ = ["LocalTensorPool", "SingleProgramError", "local_world", "per_rank"]
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from .ops import Context, execute, function_name, resolve_function
-from .pool import RankCrash, RankError, RankFailure, RankResult
+from .results import RankCrash, RankError, RankFailure, RankResult
 from .timing import scaled, slowness
 
 __all__ = ["SimulatedPool", "get_simulated_pool", "shutdown_simulated"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .pool import RankCrash, RankFailure, RankPool
+from .pool import RankPool
+from .results import RankCrash, RankFailure
 
 __all__ = ["run_world"]
 

@@ -8,44 +8,56 @@ Borders are drawn only where the owning box changes, so a box spanning several s
 reads as one region. Empty shards hold no element and are listed below the picture.
 0-d and >2-D layouts, layouts with too many cuts to draw, and invalid layouts are shown as
 a table of boxes.
+
+The picture is drawn from a shape and its shards and the verdict of validating them, so that
+this module needs no :class:`~shardspec.metadata.Layout`: ``Layout.render`` and ``render``
+call it.
 """
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
+from collections.abc import Sequence
 
 from .box import Box
 from .errors import LayoutError
-from .layout import Layout, require_layout
+from .shard import Shard
 
-__all__ = ["render"]
+__all__ = ["MAX_COLS", "MAX_ROWS", "draw"]
 
 MAX_ROWS = 48
 MAX_COLS = 16
 
 
-def render(layout: Layout, *, max_rows: int = MAX_ROWS, max_cols: int = MAX_COLS) -> str:
-    """A multi-line picture of ``layout`` (no trailing newline)."""
-    require_layout(layout, "render")
-    lines = [_header(layout)]
-    try:
-        layout.validate()
-    except LayoutError as e:
-        lines.append(f"invalid layout, shown as a table: {e}")
-        lines += _table(layout)
+def draw(
+    shape: tuple[int, ...],
+    shards: Sequence[Shard],
+    problem: LayoutError | None,
+    *,
+    max_rows: int = MAX_ROWS,
+    max_cols: int = MAX_COLS,
+) -> str:
+    """A multi-line picture of the layout of ``shape`` and ``shards`` (no trailing newline);
+    ``problem`` is what validating it raised, None for a valid layout."""
+    lines = [_header(shape, shards)]
+    if problem is not None:
+        lines.append(f"invalid layout, shown as a table: {problem}")
+        lines += _table(shards)
         return "\n".join(lines)
-    if layout.ndim not in (1, 2):
-        lines += _table(layout)
+    ndim = len(shape)
+    if ndim not in (1, 2):
+        lines += _table(shards)
         return "\n".join(lines)
-    shape = layout.shape if layout.ndim == 2 else (1, layout.shape[0])
+    grid_shape = shape if ndim == 2 else (1, shape[0])
     boxes = [
-        b if layout.ndim == 2 else Box._trusted((0, *b.offsets), (1, *b.sizes))
-        for b in (s.box for s in layout.shards)
+        b if ndim == 2 else Box._trusted((0, *b.offsets), (1, *b.sizes))
+        for b in (s.box for s in shards)
     ]
-    row_cuts = _cuts(shape[0], boxes, 0)
-    col_cuts = _cuts(shape[1], boxes, 1)
+    row_cuts = _cuts(grid_shape[0], boxes, 0)
+    col_cuts = _cuts(grid_shape[1], boxes, 1)
     if len(row_cuts) - 1 > max_rows or len(col_cuts) - 1 > max_cols:
-        if layout.ndim == 1:
+        if ndim == 1:
             what = f"{len(col_cuts) - 1} segments; limit {max_cols}"
         else:
             what = (
@@ -53,24 +65,24 @@ def render(layout: Layout, *, max_rows: int = MAX_ROWS, max_cols: int = MAX_COLS
                 f"limits {max_rows} and {max_cols}"
             )
         lines.append(f"too many cuts to draw ({what}), shown as a table:")
-        lines += _table(layout)
+        lines += _table(shards)
         return "\n".join(lines)
-    if layout.numel == 0:
+    if math.prod(shape) == 0:
         lines.append("(no elements: a dim has size 0)")
     else:
-        lines += _grid(layout, boxes, row_cuts, col_cuts, draw_rows=layout.ndim == 2)
-    empties = [(i, s) for i, s in enumerate(layout.shards) if s.box.is_empty]
+        lines += _grid(shards, boxes, row_cuts, col_cuts, draw_rows=ndim == 2)
+    empties = [(i, s) for i, s in enumerate(shards) if s.box.is_empty]
     if empties:
         lines.append("empty shards (hold no element):")
         lines += [f"  shard {i} rank {s.rank}: {_slices(s.box)}" for i, s in empties]
     return "\n".join(lines)
 
 
-def _header(layout: Layout) -> str:
-    ranks = layout.ranks
-    n = len(layout.shards)
+def _header(shape: tuple[int, ...], shards: Sequence[Shard]) -> str:
+    ranks = tuple(sorted({s.rank for s in shards}))
+    n = len(shards)
     return (
-        f"Layout shape={layout.shape}: {n} shard{'s' if n != 1 else ''} "
+        f"Layout shape={shape}: {n} shard{'s' if n != 1 else ''} "
         f"on rank{'s' if len(ranks) != 1 else ''} {_rank_list(ranks)}"
     )
 
@@ -92,9 +104,9 @@ def _holders(ranks: list[int]) -> str:
     return ",".join(f"r{r}" for r in ranks)
 
 
-def _table(layout: Layout) -> list[str]:
+def _table(shards: Sequence[Shard]) -> list[str]:
     rows = [("shard", "rank", "box", "")]
-    for i, s in enumerate(layout.shards):
+    for i, s in enumerate(shards):
         rows.append((str(i), str(s.rank), _slices(s.box), "empty" if s.box.is_empty else ""))
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
@@ -112,13 +124,18 @@ def _cuts(n: int, boxes: list[Box], d: int) -> list[int]:
 
 
 def _grid(
-    layout: Layout, boxes: list[Box], row_cuts: list[int], col_cuts: list[int], *, draw_rows: bool
+    shards: Sequence[Shard],
+    boxes: list[Box],
+    row_cuts: list[int],
+    col_cuts: list[int],
+    *,
+    draw_rows: bool,
 ) -> list[str]:
     nr, nc = len(row_cuts) - 1, len(col_cuts) - 1
     # owner[i][j]: index of the distinct box covering segment cell (i, j). A valid layout
     # covers every cell with exactly one distinct box (replicas share it).
     distinct: dict[Box, list[int]] = {}
-    for b, s in zip(boxes, layout.shards, strict=True):
+    for b, s in zip(boxes, shards, strict=True):
         if not b.is_empty:
             distinct.setdefault(b, []).append(s.rank)
     owner = [[-1] * nc for _ in range(nr)]

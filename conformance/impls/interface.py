@@ -1,0 +1,417 @@
+"""The adapter interface every implementation under test answers (see the package docstring).
+
+A method an implementation cannot answer raises :class:`Unsupported` with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from shardspec.metadata import Box, Layout
+
+__all__ = ["Impl", "Unsupported"]
+
+
+class Unsupported(Exception):
+    """The implementation under test cannot express or perform this case."""
+
+
+class Impl:
+    """The adapter interface; every method defaults to :class:`Unsupported`.
+
+    Layouts are :class:`shardspec.metadata.Layout`; placements are the JSON form
+    (``["S", d]``, ``["R"]``, ``["SS", d, split_factor]``).
+    """
+
+    name = "?"
+    # Which code the converter operations run on the ranks (conformance/ops_convert.py):
+    # "shardspec", "torch", or None when the implementation has no converters.
+    via: str | None = None
+
+    def unsupported(self, what: str) -> Unsupported:
+        return Unsupported(f"unsupported by {self.name}: {what}")
+
+    # validation (LAYOUT-1..3, BOX-2)
+    def is_valid(self, layout: Layout) -> bool:
+        """True when the implementation's validator accepts ``layout``."""
+        raise self.unsupported("validation")
+
+    # the chunk rule (CHUNK-*)
+    def chunk_layout(self, shape: Sequence[int], dim: int, ranks: Sequence[int]) -> Layout:
+        """The layout of chunking ``dim`` over ``ranks`` (chunk i on ranks[i])."""
+        raise self.unsupported("chunk layouts")
+
+    def reshard_chunk_layout(self, shape: Sequence[int], dim: int, ranks: Sequence[int]) -> Layout:
+        """The chunk layout as the implementation's resharding path computes it."""
+        raise self.unsupported("reshard chunk layouts")
+
+    # DTensor boxes
+    def dtensor_local_boxes(
+        self,
+        shape: Sequence[int],
+        mesh_shape: Sequence[int],
+        placements: Sequence[Any],
+        coord: Sequence[int],
+    ) -> list[Box]:
+        """The boxes of the local tensor at mesh ``coord``, in local storage order."""
+        raise self.unsupported("DTensor boxes")
+
+    def fsdp_local_boxes(self, pool: Any, tensor: Any, dim: int) -> list[tuple[Box, Any]]:
+        """For a DTensor chunked on ``dim`` of a 1-D mesh of the pool's ranks: each rank's box as
+        the FSDP state-dict path reports it, and the local tensor it really holds."""
+        raise self.unsupported("FSDP boxes")
+
+    # specs
+    def fsdp_tp_chunks(
+        self, pool: Any, tensor: Any, mesh: Sequence[int], tp: list[Any], hook: str
+    ) -> list[tuple[list[Box], Any]]:
+        """FSDP + TP on a ``(dp, tp)`` mesh of the pool's ranks: per rank, the boxes the FSDP1
+        state-dict hook (``hook`` = ``"dtensor"``: ``chunk_dtensor``; ``"tensor"``:
+        ``chunk_tensor``) states for its chunk of its TP piece (TP placement ``tp``), and the
+        data it holds."""
+        raise self.unsupported("FSDP + TP state-dict hooks")
+
+    def fsdp_tp_gathers(
+        self, pool: Any, tensor: Any, mesh: Sequence[int], tp: list[Any]
+    ) -> list[list[Any]]:
+        """FSDP + TP as :meth:`fsdp_tp_chunks` with ``chunk_dtensor``, then gathered back along
+        the FSDP dim: per rank, what ``all_gather_dtensor`` on the root mesh returns and what
+        the implementation's optimizer-state path (where it has one) turns the same entry
+        into. Each must be the rank's TP piece."""
+        raise self.unsupported("FSDP + TP gathers")
+
+    def infer_chunk(self, layout: Layout) -> tuple[int, list[int]] | None:
+        """The (dim, rank order) of the chunk spec inferred from ``layout``, or None when
+        the implementation infers an enumerable spec."""
+        raise self.unsupported("spec inference")
+
+    def inferred_layout(self, layout: Layout) -> Layout:
+        """The layout the spec inferred from ``layout`` gives for ``layout.shape`` (SPEC-3:
+        ``infer_spec(L).layout(L.shape)``), ranks included."""
+        raise self.unsupported("spec inference")
+
+    def sharding_spec(self, layout: Layout) -> Any:
+        """The torch sharding spec (``ChunkShardingSpec`` or ``EnumerableShardingSpec``) the
+        implementation converts ``layout`` to (CONVERT-3)."""
+        raise self.unsupported("torch sharding specs from a layout")
+
+    # the serialized form (CONVERT-8, CONVERT-9)
+    def layout_to_json(self, layout: Layout) -> str:
+        """The layout as the spec's versioned JSON text."""
+        raise self.unsupported("the serialized layout form")
+
+    def layout_from_json(self, text: str | bytes) -> Layout:
+        """The layout a JSON text holds; raises ``shardspec.metadata.LayoutError`` naming the
+        JSON path of the bad field when the text is malformed."""
+        raise self.unsupported("the serialized layout form")
+
+    # checkpoints (CKPT-*, spec/09-checkpoint.md)
+    def checkpoint_accepts(self, shape: Sequence[int], chunks: Sequence[Box]) -> bool:
+        """True when the implementation's check of a tensor's saved chunks (CKPT-1) accepts
+        ``chunks`` (chunk ``i`` is the i-th box) of a tensor of ``shape``."""
+        raise self.unsupported("checking a checkpoint's chunks")
+
+    def checkpoint_load(
+        self, shape: Sequence[int], chunks: Sequence[Box], tensor: Any
+    ) -> tuple[Any, int]:
+        """``dcp.load`` of a checkpoint whose chunks are ``chunks`` (of ``tensor``) through the
+        implementation's load planner (:func:`load_through_planner`): the loaded tensor or the
+        exception, and how many reads reached storage."""
+        raise self.unsupported("loading a checkpoint through a load planner")
+
+    def checkpoint_reads(
+        self, shape: Sequence[int], saved: Sequence[Box], local: Sequence[Box]
+    ) -> list[tuple[int, int, Box]]:
+        """The reads the implementation's load planner makes to fill ``local`` from a
+        checkpoint whose chunks are ``saved`` (CKPT-3): ``(saved index, local index, the
+        region read, in global coordinates)``."""
+        raise self.unsupported("planning checkpoint reads")
+
+    def checkpoint_round_trip(
+        self,
+        save_pool: Any,
+        load_pool: Any,
+        saved: Layout,
+        tensor: Any,
+        load: dict[str, Any],
+        example: str,
+    ) -> list[Any]:
+        """A real ``dcp.save`` on ``save_pool``'s ranks of a ShardedTensor holding ``saved``'s
+        boxes of ``tensor``, then a real ``dcp.load`` on ``load_pool``'s ranks into ``load``:
+        ``{"kind": "sharded", "layout": JSON}`` (a ShardedTensor) or ``{"kind": "dtensor",
+        "mesh": [...], "placements": [...]}``, every element filled with 1 beforehand. Per
+        load rank a RankResult whose tensors are its local tensors after the load."""
+        import tempfile
+
+        import torch
+
+        from conformance.codec import layout_from_json, layout_to_json
+
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        with tempfile.TemporaryDirectory(prefix="shardspec-ckpt-") as path:
+            save_args = {"path": path, "layout": layout_to_json(saved), "dtype": dtype}
+            inputs = [
+                [tensor[b.slices()].contiguous() for b in saved.boxes_of(r)]
+                for r in range(save_pool.world_size)
+            ]
+            self._run_via(
+                "DCP save", save_pool, "checkpoint.save", save_args,
+                per_rank_tensors=inputs, example=example,
+            )  # fmt: skip
+            load_args = {**load, "path": path, "dtype": dtype, "fill": 1,
+                         "shape": list(tensor.shape)}  # fmt: skip
+            per_rank: list[list[Any]] = [[] for _ in range(load_pool.world_size)]
+            if load["kind"] == "sharded":
+                dst = layout_from_json(load["layout"])
+                ones = torch.ones((), dtype=tensor.dtype)
+                per_rank = [
+                    [ones.expand(b.sizes).contiguous() for b in dst.boxes_of(r)]
+                    for r in range(load_pool.world_size)
+                ]
+            return self._run_via(  # type: ignore[no-any-return]
+                "DCP load", load_pool, "checkpoint.load", load_args,
+                per_rank_tensors=per_rank, example=example,
+            )  # fmt: skip
+
+    # resharding (RESHARD-*)
+    def reshard(
+        self,
+        pool: Any,
+        src: Layout,
+        dst: Layout,
+        tensor: Any,
+        *,
+        max_buffer_bytes: int | None = None,
+        noncontig: bool = False,
+        example: str | None = None,
+    ) -> list[Any]:
+        """Move ``tensor`` (global) from layout ``src`` to ``dst`` on the pool's ranks: each
+        rank starts with its source boxes and returns a RankResult whose tensors are its
+        destination boxes in ``dst``'s local order."""
+        raise self.unsupported("resharding")
+
+    def reshard_state_dict(
+        self, pool: Any, entries: list[dict[str, Any]], budget: int | None, example: str
+    ) -> list[Any]:
+        """Move several tensors at once (``entries``: ``key``, ``src``, ``dst``, global
+        ``tensor``, ``out`` kind of strategies_streams.OUT_KINDS or None, ``pad``) on the
+        pool's ranks: per rank a RankResult whose tensors are its destination boxes of every
+        entry in order, and whose ``value`` says per key whether the out= tensors given were
+        returned (``same``) and whether anything outside them was written (``spilled``)."""
+        raise self.unsupported("resharding a state dict of several dtypes")
+
+    # TorchRec (TORCHREC-*, spec/08-torchrec.md)
+    def torchrec_layout(
+        self,
+        sharding_type: str,
+        shape: Sequence[int],
+        world_size: int,
+        local_size: int,
+        params: dict[str, Any],
+    ) -> Layout:
+        """The layout of one ``(rows, cols)`` table under ``sharding_type`` with the plan helper's
+        default block sizes, on ``world_size`` ranks of ``local_size`` per host. ``params`` are
+        the helper's: ``rank`` (table_wise), ``ranks`` (column_wise, table_column_wise, with
+        ``block_size`` for the latter), ``host_index`` (table_row_wise), ``host_indexes``
+        (grid_shard). Raises ValueError when the implementation refuses the description."""
+        raise self.unsupported("TorchRec layouts")
+
+    def shards_wrapper(
+        self, shards: Sequence[Any], offsets: Sequence[Sequence[int]]
+    ) -> tuple[tuple[int, ...], list[Box]]:
+        """(shape, DCP chunk boxes) of the implementation's LocalShardsWrapper holding
+        ``shards`` at ``offsets``; raises ValueError (or AssertionError) when it refuses them."""
+        raise self.unsupported("LocalShardsWrapper")
+
+    def wrapper_object(self, shards: Sequence[Any], offsets: Sequence[Sequence[int]]) -> Any:
+        """The implementation's LocalShardsWrapper itself, holding ``shards`` at ``offsets``
+        (it has ``local_shards()``), for the ops a checkpoint load and an optimizer apply."""
+        raise self.unsupported("LocalShardsWrapper")
+
+    # converters on real ranks (CONVERT-*, DTENSOR-9) and FSDP's chunking (FSDP-6)
+    def _run_via(self, what: str, pool: Any, op: str, args: dict[str, Any], **kw: Any) -> Any:
+        if self.via is None:
+            raise self.unsupported(what)
+        if getattr(pool, "single_program", False) and self.via != "torch":
+            raise self.unsupported(
+                f"{what} on one program for every rank (LocalTensorMode): {self.via} computes "
+                "each rank's boxes from its rank number in Python; its large worlds run on "
+                "threaded ranks (nox -s conformance_scale)"
+            )
+        from shardspec.testing import RankError
+        from shardspec.testing.local_tensor import SingleProgramError
+
+        try:
+            return list(pool.run(op, {**args, "via": self.via}, **kw))
+        except SingleProgramError as e:
+            raise self.unsupported(f"{what} beyond LocalTensorMode's one program: {e}") from None
+        except RankError as e:
+            # Every rank refused to convert (CONVERT-5): a layout no torch type can hold, not
+            # a wrong answer. Any other failure, or a refusal on some ranks only, stands.
+            refusals = [f for f in e.failures if f.type_name.endswith("ConversionError")]
+            if refusals and len(refusals) == pool.world_size == len(e.failures):
+                reason = e.failures[0].message
+                raise self.unsupported(f"{what}: torch's types cannot hold it: {reason}") from None
+            raise
+
+    def sharded_tensor(
+        self, pool: Any, layout: Layout, tensor: Any, example: str | None = None
+    ) -> list[Any]:
+        """A real ShardedTensor on the pool's ranks holding ``layout``'s boxes of ``tensor``:
+        per rank, a RankResult with ``value["layout"]`` (its global metadata as layout JSON),
+        ``value["local"]`` (its local shards' boxes) and the local shards' data."""
+        inputs = [
+            [tensor[b.slices()].contiguous() for b in layout.boxes_of(r)]
+            for r in range(pool.world_size)
+        ]
+        from conformance.codec import layout_to_json
+
+        args = {"layout": layout_to_json(layout), "dtype": str(tensor.dtype).removeprefix("torch.")}
+        return self._run_via(  # type: ignore[no-any-return]
+            "ShardedTensor from a layout",
+            pool,
+            "convert.sharded_tensor",
+            args,
+            per_rank_tensors=inputs,
+            example=example,
+        )
+
+    def dtensor_chunks(
+        self, pool: Any, tensor: Any, mesh: Sequence[int], placements: Any, example: str
+    ) -> list[Any]:
+        """A real DTensor on the pool's ranks: per rank, ``value["chunks"]`` (the DCP chunk
+        list it reports, as [offsets, sizes]) and, where the implementation reads layouts,
+        ``value["layout"]`` (``from_dtensor``); the local tensor."""
+        args = {
+            "mesh": list(mesh),
+            "placements": placements,
+            "scatter": not any(p[0] == "SS" for p in placements),
+        }
+        return self._run_via(  # type: ignore[no-any-return]
+            "DTensor chunk lists", pool, "convert.dtensor", args, tensors=[tensor], example=example
+        )
+
+    def dtensor_distribute(
+        self,
+        pool: Any,
+        tensor: Any,
+        mesh: Sequence[int],
+        order: Sequence[int],
+        placements: Any,
+        example: str,
+    ) -> list[Any]:
+        """The implementation's ``distribute_tensor`` from rank 0 on a mesh of ``mesh`` shape
+        listing the pool's ranks in ``order`` (row-major): per rank ``value["coordinate"]``
+        and the local tensor."""
+        args = {"mesh": list(mesh), "order": list(order), "placements": placements}
+        return self._run_via(  # type: ignore[no-any-return]
+            "distribute_tensor",
+            pool,
+            "dtensor.distribute",
+            args,
+            tensors=[tensor],
+            example=example,
+        )
+
+    def dtensor_redistribute(
+        self,
+        pool: Any,
+        tensor: Any,
+        mesh: Sequence[int],
+        order: Sequence[int],
+        flatten: bool,
+        src: Any,
+        dst: Any,
+        example: str,
+    ) -> list[Any]:
+        """A DTensor of ``tensor`` with placements ``src`` moved to ``dst`` by the
+        implementation (torch: ``redistribute`` and ``full_tensor``), on a mesh listing the
+        pool's ranks in ``order``, its dims flattened when ``flatten``: per rank
+        ``value["coordinate"]``, the local tensor after the move and the full tensor."""
+        args = {
+            "mesh": list(mesh),
+            "order": list(order),
+            "flatten": flatten,
+            "placements": src,
+            "dst": dst,
+        }
+        return self._run_via(  # type: ignore[no-any-return]
+            "redistribute",
+            pool,
+            "dtensor.redistribute",
+            args,
+            tensors=[tensor],
+            example=example,
+        )
+
+    def dtensor_from_local(
+        self,
+        pool: Any,
+        locals_: Sequence[Any],
+        placements: Any,
+        shape: Sequence[int],
+        example: str,
+    ) -> list[Any]:
+        """``DTensor.from_local`` of rank r's ``locals_[r]`` on a 1-D mesh of the pool's
+        ranks with global ``shape``: per rank ``value["error"]`` (the refusal) or
+        ``value["box"]`` (the [offsets, sizes] its DTensor states for that rank)."""
+        args = {"mesh": [pool.world_size], "placements": placements, "shape": list(shape)}
+        return self._run_via(  # type: ignore[no-any-return]
+            "DTensor.from_local",
+            pool,
+            "dtensor.from_local",
+            args,
+            per_rank_tensors=[[t] for t in locals_],
+            example=example,
+        )
+
+    def fsdp_chunk_tensor(self, pool: Any, tensor: Any, example: str) -> list[Any]:
+        """FSDP's ShardedTensor of a plain tensor's dim-0 chunks over the pool's ranks: per
+        rank ``value["layout"]``, ``value["local"]`` and the local data."""
+        return self._run_via(  # type: ignore[no-any-return]
+            "FSDP chunking",
+            pool,
+            "fsdp.chunk_sharded_tensor",
+            {},
+            tensors=[tensor],
+            example=example,
+        )
+
+    def flatten(
+        self,
+        pool: Any,
+        mesh: Sequence[int],
+        tp_dim: int,
+        weight: Any,
+        buf: Any,
+        owners: Sequence[int],
+        example: str,
+    ) -> list[Any]:
+        """FSDP-8 on a ``(dp, tp)`` mesh of the pool's ranks: a state dict whose ``layer.w`` is
+        the implementation's FSDP1 ``chunk_tensor`` of ``weight`` TP-sharded on ``tp_dim``
+        (nested ShardedTensors), ``layer.n`` a plain value and ``buf`` a ShardedTensor of
+        ``buf``'s dim-0 chunks on ``owners`` only, flattened by the implementation. Per rank
+        ``value["keys"]`` (the keys kept), ``value["entries"][key]`` (``layout`` JSON and
+        ``local`` boxes of each ShardedTensor kept) and the local data, entries in key order."""
+        args = {"mesh": list(mesh), "tp_dim": tp_dim, "owners": list(owners)}
+        # The first example on a pool builds a 2-D mesh and its sub-groups, which on a loaded
+        # machine takes longer than the per-example default; a hang is still caught.
+        timeout = max(60.0, float(getattr(pool, "timeout", 0.0) or 0.0))
+        return self._run_via(  # type: ignore[no-any-return]
+            "flattening nested ShardedTensors",
+            pool,
+            "fsdp.flatten",
+            args,
+            tensors=[weight, buf],
+            example=example,
+            timeout=timeout,
+        )
+
+    def fsdp_chunk_dtensor(self, pool: Any, tensor: Any, example: str) -> list[Any]:
+        """FSDP1 + TP's chunk hook on a DTensor ``Shard(0)`` over every rank (FSDP over each
+        rank alone): per rank ``value["outer"]`` / ``["inner"]`` layouts, ``["outer_local"]``,
+        ``["inner_local"]`` and the inner local data."""
+        return self._run_via(  # type: ignore[no-any-return]
+            "FSDP + TP chunking", pool, "fsdp.chunk_dtensor", {}, tensors=[tensor], example=example
+        )

@@ -237,8 +237,8 @@ def _chunk_and_flatten_checks(
     from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
     from shardspec.fsdp import DTensorExtensions, flatten_sharded_tensors
-    from shardspec.fsdp.extensions import LAYOUT_ATTR
     from shardspec.fsdp.flatten import layout_of
+    from shardspec.fsdp.sharded import LAYOUT_ATTR
     from shardspec.metadata import Box
 
     ext = DTensorExtensions()

@@ -28,9 +28,10 @@ from shardspec.metadata.dtensor import (
 )
 from shardspec.metadata.placements import Placement, Replicate
 
-from .extensions import _make_st, one_owner_per_box
 from .flatten import flat_layout, layout_of
+from .mesh import submesh_dims
 from .rules import fsdp_tp_layout
+from .sharded import make_sharded_tensor, one_owner_per_box
 
 __all__ = ["model_layouts", "reshard_layouts", "to_layouts", "to_state_dict"]
 
@@ -139,14 +140,12 @@ def _root_layout(dt: DTensor) -> Layout:
     so every rank states the same layout, which resharding needs."""
     from shardspec.metadata.dtensor import dtensor_layout
 
-    from .extensions import _mesh_index
-
     mesh = dt.device_mesh
     root = mesh._get_root_mesh()
     if root is None or root is mesh or root.ndim == mesh.ndim:
         return from_dtensor(dt)
     try:
-        dims = _mesh_index(root, mesh)
+        dims = submesh_dims(root, mesh)
     except ConversionError:
         return from_dtensor(dt)
     from torch.distributed.tensor import Replicate as TReplicate
@@ -205,5 +204,5 @@ def to_state_dict(
                 f"the layout; a ShardedTensor entry here needs one box per rank"
             )
         flat = one_owner_per_box(layout, me, set())
-        out[key] = _make_st(flat, me, [(boxes[0], tensors[0])], tensors[0], None)
+        out[key] = make_sharded_tensor(flat, me, [(boxes[0], tensors[0])], tensors[0], None)
     return out

@@ -22,8 +22,8 @@ from torch.distributed._shard.sharded_tensor.api import ShardedTensor
 from shardspec.metadata import Box, ConversionError, Layout, Shard, chunk_bounds
 from shardspec.metadata.shard_metadata import from_sharded_tensor_metadata
 
-from .extensions import LAYOUT_ATTR, _make_st, one_owner_per_box
 from .rules import canonical_box
+from .sharded import LAYOUT_ATTR, make_sharded_tensor, one_owner_per_box
 
 __all__ = ["flat_layout", "flatten_sharded_tensors", "layout_of"]
 
@@ -126,4 +126,4 @@ def _flatten_one(st: ShardedTensor) -> ShardedTensor:
     # give one layout.
     group = set(dist.get_process_group_ranks(inner._process_group))
     flat = one_owner_per_box(layout, me, group)
-    return _make_st(flat, me, [(my_box, data)], data, None)
+    return make_sharded_tensor(flat, me, [(my_box, data)], data, None)

@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor
 
 from shardspec.metadata import ConversionError
 
-from .extensions import gather_flat_sharded_tensor, gather_fsdp_dim
+from .gather import gather_flat_sharded_tensor, gather_fsdp_dim
 
 __all__ = ["optim_state_dict_to_load", "tp_local_optim_state"]
 

@@ -316,7 +316,7 @@ def packers(
     import torch
 
     from shardspec.metadata import chunk_layout
-    from shardspec.reshard import executor as ex
+    from shardspec.reshard import executor as ex, schedule
     from shardspec.reshard.agreement import dtype_code
 
     dev = torch.device(device)
@@ -332,12 +332,12 @@ def packers(
     ex._set_dtypes([send], [dtype_code(torch.float32)])
     ex._set_dtypes([recv], [dtype_code(torch.float32)])
     recv.outputs = [torch.empty(shape, device=dev)]
-    sends = ex._Streams([send], 0, world)
-    recvs = ex._Streams([recv], 0, world)
-    send_q = [ex._align(n) for n in sends.send_len]
-    recv_q = [ex._align(n) for n in recvs.recv_len]
-    in_splits = ex._windows(send_q, sends.send_len, 0)
-    out_splits = ex._windows(recv_q, recvs.recv_len, 0)
+    sends = schedule.Streams([send], 0, world)
+    recvs = schedule.Streams([recv], 0, world)
+    send_q = schedule.quotas(sends.send_len, 1)
+    recv_q = schedule.quotas(recvs.recv_len, 1)
+    in_splits = schedule.windows(send_q, sends.send_len, 0)
+    out_splits = schedule.windows(recv_q, recvs.recv_len, 0)
     buf = torch.empty(sum(in_splits), dtype=torch.uint8, device=dev)
 
     def pack() -> None:

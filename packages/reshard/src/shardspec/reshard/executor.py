@@ -25,7 +25,9 @@ How one call runs on every rank of the group:
    piece cut by a window is copied as a few strided views
    (:func:`shardspec.reshard.blocks.flat_blocks`), never whole. Where a piece lands in the
    buffer depends on the other peers' windows, so it may sit at any byte offset: such pieces
-   are copied as bytes, not through a typed view of the buffer.
+   are copied as bytes, not through a typed view of the buffer. The streams, windows and
+   rounds are plain integers computed by :mod:`shardspec.reshard.schedule`; this module moves
+   the bytes they name.
 5. The number of rounds is the maximum over ranks of what each rank needs to keep its send
    and its receive buffer within ``max_buffer_bytes`` (agreed in step 2), so all ranks run
    the same number of collectives.
@@ -63,16 +65,24 @@ from .blocks import flat_blocks
 from .checks import check_device, check_tensors, find_overlap, has_internal_overlap
 from .errors import ReshardError
 from .planner import Piece, Plan, plan
+from .schedule import (
+    Entry,
+    Streams,
+    buffer_bytes,
+    contiguous_span,
+    local_stream,
+    quotas,
+    round_cuts,
+    stream_len,
+    windows,
+    with_self,
+)
 
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
 __all__ = ["reshard", "reshard_state_dict"]
-
-# The largest element size (complex128): windows on this grid of a stream never cut an element,
-# since every piece starts at a multiple of its own element size, which divides it.
-_WINDOW = 16
 
 
 def reshard(
@@ -167,7 +177,7 @@ def reshard_state_dict(
     digest = b""
     jobs: list[_Job] = []
     codes: list[int] = []
-    streams: _Streams | None = None
+    streams: Streams[_Job] | None = None
     need = 0
     replicas = b""
     dev = torch.device("cpu")
@@ -211,7 +221,7 @@ def reshard_state_dict(
         # and one all-gather settles everything: inputs, agreement, dtypes and the rounds.
         if all(codes):
             _set_dtypes(jobs, codes)
-            streams = _Streams(jobs, rank, world)
+            streams = Streams(jobs, rank, world)
             need = streams.rounds_needed(max_buffer_bytes)
     except Exception as e:  # any local failure must reach the others, or they would hang
         error = f"{type(e).__name__}: {e}"
@@ -220,7 +230,7 @@ def reshard_state_dict(
     if rounds is None:
         resolved = agree_on_dtypes(keys, codes, group, comm, names)
         _set_dtypes(jobs, resolved)
-        streams = _Streams(jobs, rank, world)
+        streams = Streams(jobs, rank, world)
         agreed = torch.tensor(
             [streams.rounds_needed(max_buffer_bytes)], dtype=torch.int64, device=comm
         )
@@ -419,81 +429,6 @@ def _copy(job: _Job, p: Piece, src_t: torch.Tensor, dst_t: torch.Tensor) -> None
     dst_t[_rel(p, dst_off, whole)].copy_(src_t[_rel(p, src_off, whole)])
 
 
-@dataclass
-class _Entry:
-    job: _Job
-    piece: Piece
-    offset: int  # byte offset in the pair's stream (a multiple of the element size)
-    nbytes: int
-
-
-def _align(n: int, to: int = _WINDOW) -> int:
-    return -(-n // to) * to
-
-
-def _place(entries: list[_Entry], job: _Job, p: Piece, end: int) -> int:
-    """Append piece ``p`` to a stream that ends at byte ``end``; return the new end. Both
-    sides of a pair derive the same offsets from the shared plan and the agreed dtypes."""
-    nbytes = p.numel * job.itemsize
-    if nbytes == 0:  # takes no room, so it must not add padding either
-        entries.append(_Entry(job, p, end, 0))
-        return end
-    offset = _align(end, job.itemsize)
-    entries.append(_Entry(job, p, offset, nbytes))
-    return offset + nbytes
-
-
-def _streams(jobs: list[_Job], rank: int, world: int, sending: bool) -> list[list[_Entry]]:
-    streams: list[list[_Entry]] = [[] for _ in range(world)]
-    ends = [0] * world
-    for job in jobs:
-        pieces = job.plan.sends(rank) if sending else job.plan.receives(rank)
-        for p in pieces:
-            peer = p.dst_rank if sending else p.src_rank
-            ends[peer] = _place(streams[peer], job, p, ends[peer])
-    return streams
-
-
-def _local_stream(jobs: list[_Job], rank: int) -> list[_Entry]:
-    """This rank's local pieces laid out as a stream to itself (same format as a pair's)."""
-    entries: list[_Entry] = []
-    end = 0
-    for job in jobs:
-        for p in job.plan.local(rank):
-            end = _place(entries, job, p, end)
-    return entries
-
-
-def _stream_len(entries: list[_Entry]) -> int:
-    return entries[-1].offset + entries[-1].nbytes if entries else 0
-
-
-def _rounds_needed(lengths: list[int], budget: int | None) -> int:
-    total = sum(lengths)
-    if total == 0:
-        return 0
-    if budget is None:
-        return 1
-    peers = sum(1 for n in lengths if n)
-    # Each pair's window is rounded up to _WINDOW, costing at most _WINDOW per peer per round;
-    # below that the bound cannot hold and windows shrink to _WINDOW bytes.
-    usable = max(budget - _WINDOW * peers, _WINDOW)
-    return -(-total // usable)
-
-
-class _Streams:
-    """This rank's byte streams: one to and one from every peer, and their lengths."""
-
-    def __init__(self, jobs: list[_Job], rank: int, world: int) -> None:
-        self.sends = _streams(jobs, rank, world, sending=True)
-        self.recvs = _streams(jobs, rank, world, sending=False)
-        self.send_len = [_stream_len(s) for s in self.sends]
-        self.recv_len = [_stream_len(s) for s in self.recvs]
-
-    def rounds_needed(self, budget: int | None) -> int:
-        return max(_rounds_needed(self.send_len, budget), _rounds_needed(self.recv_len, budget))
-
-
 # How often an exchange used a tensor itself as the receive / send buffer on this process: a
 # debug hook for the tests (the only way to tell the paths apart from outside is memory).
 DIRECT_COUNTS = {"recv": 0, "send": 0, "self": 0}
@@ -501,66 +436,23 @@ DIRECT_COUNTS = {"recv": 0, "send": 0, "self": 0}
 _Span = tuple["torch.Tensor", int, int]  # a contiguous tensor and a byte range [lo, hi) of it
 
 
-def _piece_bytes(
-    t: torch.Tensor, outer: tuple[int, ...], p: Piece, itemsize: int
-) -> tuple[int, int] | None:
-    """The byte range of piece ``p`` in the contiguous tensor ``t`` (whose box starts at
-    ``outer``), or None if the piece is not one contiguous range of it."""
-    stride = 1
-    first = last = 0
-    for size, o, po, ps in reversed(list(zip(t.shape, outer, p.offsets, p.sizes))):
-        first += (po - o) * stride
-        last += (po - o + ps - 1) * stride
-        stride *= size
-    if last - first + 1 != p.numel:
-        return None
-    return first * itemsize, (last + 1) * itemsize
+def _span(streams: list[list[Entry[_Job]]], sending: bool) -> _Span | None:
+    """The tensor and byte range that holds every stream back to back, in order, or None
+    (see :func:`shardspec.reshard.schedule.contiguous_span`): the inputs when ``sending``, else the
+    outputs."""
+    return contiguous_span(streams, _held_input if sending else _held_output)
 
 
-def _span(streams: list[list[_Entry]], sending: bool) -> _Span | None:
-    """One contiguous tensor and byte range that holds every stream back to back, in order,
-    or None. Streams must carry no padding: each piece starts where the one before ends."""
-    tensor: torch.Tensor | None = None
-    started = False
-    lo = hi = 0
-    for entries in streams:
-        end = 0
-        for e in entries:
-            if e.nbytes == 0:
-                continue
-            if e.offset != end:
-                return None
-            end += e.nbytes
-            job, p = e.job, e.piece
-            if sending:
-                t = job.inputs[p.src_local]
-                outer = job.src.shards[p.src_shard].box.offsets
-            else:
-                t = job.outputs[p.dst_local]
-                outer = job.dst.shards[p.dst_shard].box.offsets
-            if tensor is None:
-                if not t.is_contiguous():
-                    return None
-                tensor = t
-            elif t is not tensor:
-                return None
-            r = _piece_bytes(t, outer, p, job.itemsize)
-            if r is None:
-                return None
-            if not started:
-                started, lo, hi = True, r[0], r[0]
-            if r[0] != hi:
-                return None
-            hi = r[1]
-    if tensor is None:
-        return None
-    return tensor, lo, hi
+def _held_input(e: Entry[_Job]) -> tuple[torch.Tensor, Sequence[int], Sequence[int]] | None:
+    job, p = e.job, e.piece
+    t = job.inputs[p.src_local]
+    return (t, t.shape, job.src.shards[p.src_shard].box.offsets) if t.is_contiguous() else None
 
 
-def _with_self(streams: list[list[_Entry]], rank: int, mine: list[_Entry]) -> list[list[_Entry]]:
-    out = list(streams)
-    out[rank] = mine
-    return out
+def _held_output(e: Entry[_Job]) -> tuple[torch.Tensor, Sequence[int], Sequence[int]] | None:
+    job, p = e.job, e.piece
+    t = job.outputs[p.dst_local]
+    return (t, t.shape, job.dst.shards[p.dst_shard].box.offsets) if t.is_contiguous() else None
 
 
 def _bytes_of(t: torch.Tensor) -> torch.Tensor:
@@ -580,7 +472,7 @@ def _wire_buffer(
     import torch
 
     if span is None:
-        size = sum(min(q, n) for q, n in zip(quota, lengths))
+        size = buffer_bytes(quota, lengths)
         return torch.empty(size, dtype=torch.uint8, device=dev)
     buf = _flat_bytes(span)
     assert buf.numel() == sum(lengths)
@@ -595,7 +487,7 @@ def _flat_bytes(span: _Span) -> torch.Tensor:
 
 def _exchange(
     jobs: list[_Job],
-    streams: _Streams,
+    streams: Streams[_Job],
     rounds: int,
     rank: int,
     world: int,
@@ -610,23 +502,23 @@ def _exchange(
     recv_span = send_span = None
     via_self = False
     if rounds == 1:
-        mine = _local_stream(jobs, rank)
-        mine_len = _stream_len(mine)
+        mine = local_stream(jobs, rank)
+        mine_len = stream_len(mine)
         recv_span = _span(recvs, sending=False)
         send_span = _span(sends, sending=True)
         # Sending the local pieces to ourselves must keep both buffers within the budget.
         fits = budget is None or max(sum(send_len), sum(recv_len)) + mine_len <= budget
         if recv_span is None and mine_len and fits and _span([mine], sending=False):
             # The local pieces sit between the received ones: send them to ourselves.
-            both = _span(_with_self(recvs, rank, mine), sending=False)
+            both = _span(with_self(recvs, rank, mine), sending=False)
             if both is not None:
                 recv_span, via_self = both, True
-                send_span = _span(_with_self(sends, rank, mine), sending=True)
+                send_span = _span(with_self(sends, rank, mine), sending=True)
         if not via_self and send_span is None and recv_span is None and mine_len and fits:
-            send_span = _span(_with_self(sends, rank, mine), sending=True)
+            send_span = _span(with_self(sends, rank, mine), sending=True)
             via_self = send_span is not None
         if via_self:
-            sends, recvs = _with_self(sends, rank, mine), _with_self(recvs, rank, mine)
+            sends, recvs = with_self(sends, rank, mine), with_self(recvs, rank, mine)
             send_len[rank] = recv_len[rank] = mine_len
             DIRECT_COUNTS["self"] += 1
     if not via_self:
@@ -635,15 +527,15 @@ def _exchange(
                 _copy(job, p, job.inputs[p.src_local], job.outputs[p.dst_local])
     if rounds == 0:
         return
-    send_q = [_align(-(-n // rounds)) for n in send_len]
-    recv_q = [_align(-(-n // rounds)) for n in recv_len]
+    send_q = quotas(send_len, rounds)
+    recv_q = quotas(recv_len, rounds)
     send_buf = _wire_buffer(send_span, send_q, send_len, dev, "send")
     recv_buf = _wire_buffer(recv_span, recv_q, recv_len, dev, "recv")
     send_ptr = [0] * world
     recv_ptr = [0] * world
     for t in range(rounds):
-        in_splits = _windows(send_q, send_len, t)
-        out_splits = _windows(recv_q, recv_len, t)
+        in_splits = windows(send_q, send_len, t)
+        out_splits = windows(recv_q, recv_len, t)
         if send_span is None:
             _walk_round(sends, send_ptr, send_q, in_splits, t, send_buf, pack=True)
         dist.all_to_all_single(
@@ -658,7 +550,7 @@ def _exchange(
 
 
 def _walk_round(
-    pieces: list[list[_Entry]],
+    pieces: list[list[Entry[_Job]]],
     ptr: list[int],
     quota: list[int],
     splits: list[int],
@@ -669,49 +561,13 @@ def _walk_round(
 ) -> None:
     """Round ``t``: pack each peer's next ``splits[peer]`` wire bytes into ``buf`` (or unpack
     them from it), peer after peer; ``ptr`` keeps each peer's place in its pieces."""
-    base = 0
-    for peer, n in enumerate(splits):
-        lo = t * quota[peer]
-        ptr[peer] = _walk(pieces[peer], ptr[peer], lo, lo + n, buf, base, pack=pack)
-        base += n
+    for e, e0, e1, pos in round_cuts(pieces, ptr, quota, splits, t):
+        _copy_range(e, e0, e1, buf, pos, pack=pack)
 
 
-def _windows(q: list[int], lengths: list[int], t: int) -> list[int]:
-    return [max(0, min((t + 1) * qi, n) - t * qi) for qi, n in zip(q, lengths)]
-
-
-def _walk(
-    entries: list[_Entry],
-    start: int,
-    lo: int,
-    hi: int,
-    buf: torch.Tensor,
-    base: int,
-    *,
-    pack: bool,
-) -> int:
-    """Copy the part of the stream window ``[lo, hi)`` between the tensors and ``buf``
-    (starting at byte ``base``); return the first entry the next window still needs."""
-    i = start
-    while i < len(entries) and entries[i].offset < hi:
-        e = entries[i]
-        a, b = max(e.offset, lo), min(e.offset + e.nbytes, hi)
-        if a < b:
-            _copy_range(
-                e,
-                (a - e.offset) // e.job.itemsize,
-                (b - e.offset) // e.job.itemsize,
-                buf,
-                base + a - lo,
-                pack=pack,
-            )
-        if e.offset + e.nbytes > hi:
-            break  # the rest of this piece goes in the next window
-        i += 1
-    return i
-
-
-def _copy_range(e: _Entry, e0: int, e1: int, buf: torch.Tensor, pos: int, *, pack: bool) -> None:
+def _copy_range(
+    e: Entry[_Job], e0: int, e1: int, buf: torch.Tensor, pos: int, *, pack: bool
+) -> None:
     import torch
 
     job, p = e.job, e.piece

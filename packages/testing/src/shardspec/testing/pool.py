@@ -20,8 +20,10 @@ Failure handling, which is what makes the pool usable under Hypothesis:
   traceback and the example, so Hypothesis shrinks it like any failure. Collective operations
   validate their inputs on every rank first and agree on the outcome with one small
   all-reduce, so one rank refusing its inputs never leaves the others inside a collective. A
-  rank that raises *inside* a collective may strand the others: they get ``error_grace``
-  seconds to answer, then the pool is restarted.
+  rank that raises *inside* a collective (or in any operation or rank function: a peer's
+  own operation may hold collectives it did not declare) may strand the others: they get
+  ``error_grace`` seconds to answer, then the pool is restarted and the :class:`RankError`
+  says so ("rank 0 raised ValueError: ...; rank 1 still waiting in a collective after 1.0 s").
 - A rank dies or hangs: detected by end-of-stream or by the per-call timeout
   (``SHARDSPEC_POOL_TIMEOUT`` seconds, default 10); the pool is killed and restarted on the
   next call, and :class:`RankCrash` is raised with the example. ``RankCrash`` derives from
@@ -150,6 +152,20 @@ def _failure(rank: int, reply: dict[str, Any]) -> RankFailure:
         tb,
         str(reply.get("phase", "")),
     )
+
+
+def _stranded(
+    raised: dict[int, dict[str, Any]], stuck: list[int], replies: dict[int, dict[str, Any]]
+) -> str:
+    """The finding when ranks raised and left the others in a collective: "rank 0 raised
+    ValueError: msg; rank 1 still waiting in a collective after 1.0 s"."""
+    said = []
+    for r, h in sorted(raised.items()):
+        f = _failure(r, h)
+        said.append(f"rank {r} raised {f.type_name}: {f.message.strip()}")
+    waited = max((float(h.get("stranded_s", 0.0)) for h in replies.values()), default=0.0)
+    who = f"rank {stuck[0]}" if len(stuck) == 1 else f"ranks {stuck}"
+    return f"{'; '.join(said)}; {who} still waiting in a collective after {waited:.1f} s"
 
 
 class RankPool:
@@ -509,6 +525,7 @@ class RankPool:
             assert w.sock is not None
             sel.register(w.sock, selectors.EVENT_READ, w)
         failed_in_collective = False
+        raised_at = 0.0
         try:
             while len(replies) < self.world_size:
                 left = deadline - time.monotonic()
@@ -555,7 +572,15 @@ class RankPool:
                     sel.unregister(w.sock)
                     replies[w.rank] = header
                     outs[w.rank] = got
-                    if not header.get("ok") and header.get("phase") in ("collective", "call"):
+                    # "run": a non-collective operation that raised may still have left the
+                    # others in a collective of its own (an adapter's, say)
+                    if not header.get("ok") and header.get("phase") in (
+                        "collective",
+                        "call",
+                        "run",
+                    ):
+                        if not failed_in_collective:
+                            raised_at = time.monotonic()
                         failed_in_collective = True
                         # The others may be stuck in the collective this rank left: give them
                         # a moment to fail too, then restart rather than wait for the timeout.
@@ -575,9 +600,12 @@ class RankPool:
             and len(errors) < self.world_size
         )
         if failed_in_collective and (stuck or named_split):
+            waited = time.monotonic() - raised_at
             self._kill()
             for h in replies.values():
                 h["restarted"] = True
+                if stuck:
+                    h["stranded_s"] = waited
         return replies, outs
 
     def _error_message(
@@ -596,7 +624,7 @@ class RankPool:
             lines.append(f"ranks {aborted} stopped before the collective because of the above")
         stuck = sorted(set(range(self.world_size)) - set(replies))
         if stuck:
-            lines.append(f"ranks {stuck} were left waiting in the collective")
+            lines.append(_stranded(raised, stuck, replies))
         if any(h.get("restarted") for h in replies.values()):
             lines.append("(the pool was restarted: a rank left a collective half-done)")
         return "\n".join(lines)

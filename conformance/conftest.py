@@ -1,19 +1,24 @@
 """pytest wiring for the conformance suite.
 
-- ``--impl`` (or ``SHARDSPEC_IMPL``) picks the implementation under test; ``--pool-timeout``
-  (or ``SHARDSPEC_POOL_TIMEOUT``) the per-example timeout of the rank pool.
+- ``--impl`` (or ``SHARDSPEC_IMPL``) picks the implementation under test: a built-in name or
+  an adapter ``package.module:Adapter`` (CONF-15), refused at start-up with the reason;
+  ``--pool-timeout`` (or ``SHARDSPEC_POOL_TIMEOUT``) the per-example timeout of the rank pool.
 - ``@pytest.mark.known_defect(impl, reason, issue=None, raises=None, match=None)`` on a test
-  turns into ``xfail(strict=True, raises=raises)`` when that implementation is under test,
+  turns into ``xfail(strict=True, raises=raises)`` when the adapter of that name is under test,
   whose failure must match ``match`` (CONF-14); of an exception group (Hypothesis found
-  several failures), every member must.
+  several failures), every member must. An adapter's own ``known_defects`` become the same
+  marks on the tests they name.
+- Pools import ``conformance.OPS`` and the adapter's ``rank_ops`` on every rank.
 - Tests whose every example was unsupported are skipped with "unsupported by <impl>: ...".
 - Under ``SHARDSPEC_BACKEND=nccl`` without enough GPUs every pool test skips with the reason.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,7 +31,7 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 from conformance.cases import TRACKER  # noqa: E402
-from conformance.impls import IMPLS, Impl, get_impl  # noqa: E402
+from conformance.impls import IMPLS, Impl, ImplError, get_impl, pool_ops  # noqa: E402
 
 collect_ignore = ["bench_pool.py", "report.py"]
 
@@ -35,9 +40,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("shardspec conformance")
     group.addoption(
         "--impl",
-        choices=IMPLS,
         default=None,
-        help="implementation under test (default: $SHARDSPEC_IMPL or shardspec)",
+        help=f"implementation under test: {', '.join(IMPLS)} or an adapter "
+        "'package.module:Adapter' (default: $SHARDSPEC_IMPL or shardspec)",
     )
     group.addoption(
         "--pool-timeout",
@@ -55,6 +60,10 @@ def pytest_configure(config: pytest.Config) -> None:
     timeout = config.getoption("--pool-timeout")
     if timeout:
         os.environ["SHARDSPEC_POOL_TIMEOUT"] = str(timeout)
+    try:
+        get_impl()  # a bad name stops the run here, saying what is wrong with it
+    except ImplError as e:
+        raise pytest.UsageError(str(e)) from None
     config.addinivalue_line(
         "markers",
         "known_defect(impl, reason, issue=None, raises=None, match=None): a known defect of "
@@ -68,24 +77,54 @@ def pytest_report_header(config: pytest.Config) -> str:
     from conformance.impls import impl_name
     from shardspec.testing.devices import backend, max_world_size
 
+    impl = get_impl()
+    spec = "" if impl.name == impl_name() else f" ({impl_name()})"
     return (
-        f"shardspec conformance: impl={impl_name()} backend={backend()} "
-        f"world sizes 1..{max_world_size()}"
+        f"shardspec conformance: impl={impl.name}{spec} version {impl.version()} "
+        f"backend={backend()} world sizes 1..{max_world_size()}"
     )
 
 
+def _declared(item: pytest.Item, key: str) -> bool:
+    """Whether an adapter's ``known_defects`` key names this test: a node id pattern (with
+    "::") or a test function's name, either with fnmatch wildcards."""
+    if "::" in key:
+        return fnmatch.fnmatchcase(item.nodeid, key)
+    names = {item.name, getattr(item, "originalname", item.name)}
+    return any(fnmatch.fnmatchcase(n, key) for n in names)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    from conformance.impls import impl_name
     from shardspec.testing.defects import xfail_raises
 
-    current = impl_name()
+    adapter = get_impl()
+    current = adapter.name
+    # The adapter's own known defects: the same marks the suite writes, on the tests named.
+    unmatched = set(adapter.known_defects)
+    for key, d in adapter.known_defects.items():
+        declared = pytest.mark.known_defect(
+            current, d.reason, issue=d.issue, raises=d.raises, match=d.match
+        )
+        for item in items:
+            if _declared(item, key):
+                item.add_marker(declared)
+                unmatched.discard(key)
+    if unmatched:
+        warnings.warn(
+            f"known_defects of {current} that name no collected test: {sorted(unmatched)}",
+            pytest.PytestWarning,
+            stacklevel=1,
+        )
     for item in items:
         for mark in item.iter_markers("known_defect"):
             impl = mark.args[0] if mark.args else mark.kwargs["impl"]
             reason = mark.args[1] if len(mark.args) > 1 else mark.kwargs["reason"]
             issue = mark.kwargs.get("issue")
             if impl == current:
-                text = f"upstream: {reason}" + (f" (pytorch {issue})" if issue else "")
+                if impl == "torch":
+                    text = f"upstream: {reason}" + (f" (pytorch {issue})" if issue else "")
+                else:
+                    text = f"{impl}: {reason}" + (f" ({issue})" if issue else "")
                 # raises/match: the failure the defect shows (CONF-14); the root conftest
                 # fails an expected failure whose message does not match
                 raises = mark.kwargs.get("raises")
@@ -143,17 +182,15 @@ def pools() -> Iterator[Callable[[int], Any]]:
 
     simulated = simulated_worlds()
 
-    def get(world_size: int) -> Any:
-        from conformance import OPS
+    ops = pool_ops()  # the suite's operations and the adapter's own (rank_ops)
 
+    def get(world_size: int) -> Any:
         if world_size in simulated:
-            return get_simulated_pool(world_size, ops=OPS)
+            return get_simulated_pool(world_size, ops=ops)
         reason = skip_reason(world_size)
         if reason is not None:
             pytest.skip(reason)
-        from conformance import OPS
-
-        return get_pool(world_size, ops=OPS)
+        return get_pool(world_size, ops=ops)
 
     yield get
     shutdown_pools()
@@ -164,7 +201,7 @@ def pools() -> Iterator[Callable[[int], Any]]:
 def local_pools() -> Callable[[int], Any]:
     """``local_pools(W)``: W ranks run as one program in this thread, on torch's
     ``LocalTensorMode`` (DTensor code only: see ``shardspec.testing.local_tensor``)."""
-    from conformance import OPS
     from shardspec.testing.local_tensor import LocalTensorPool
 
-    return lambda world_size: LocalTensorPool(world_size, ops=OPS)
+    ops = pool_ops()
+    return lambda world_size: LocalTensorPool(world_size, ops=ops)

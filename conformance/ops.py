@@ -53,6 +53,18 @@ def _fail(
     return None, []
 
 
+@operation("pool.strand", collective=False)
+def _strand(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
+    """Declared non-collective, as a peer's operation may be: the listed ranks raise, the
+    others wait in a barrier they never leave."""
+    if on_listed_rank(ctx, args):
+        raise ValueError(args.get("message", "deliberate failure"))
+    dist.barrier()
+    return None, []
+
+
 @operation("pool.exit", collective=False)
 def _exit(
     ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]

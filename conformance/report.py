@@ -150,6 +150,16 @@ def _message(exc: BaseException | None) -> str | None:
     return "\n".join(lines)
 
 
+def _mark_impl(mark: Any) -> str:
+    return str(mark.args[0] if mark.args else mark.kwargs["impl"])
+
+
+def _current() -> str:
+    from conformance.impls import get_impl
+
+    return get_impl().name
+
+
 class Collector:
     def __init__(self) -> None:
         self.cases: dict[str, Case] = {}
@@ -160,7 +170,9 @@ class Collector:
     ) -> Iterator[Any]:
         rep = yield
         rules = [r for m in item.iter_markers("rule") for r in m.args]
-        known = next(iter(item.iter_markers("known_defect")), None)
+        known = next(
+            (m for m in item.iter_markers("known_defect") if _mark_impl(m) == _current()), None
+        )
         case = self.cases.get(item.nodeid)
         if case is None:
             case = self.cases[item.nodeid] = Case(item.nodeid, _area(item.nodeid), rules, "passed")
@@ -344,7 +356,9 @@ def render(
     return "\n".join(out).rstrip() + "\n"
 
 
-def environment(impl: str, seed: int | None, profile: str, worlds: str) -> list[tuple[str, str]]:
+def environment(
+    impl: str, seed: int | None, profile: str, worlds: str, impl_version: str = "unknown"
+) -> list[tuple[str, str]]:
     import platform
     from importlib import metadata
 
@@ -362,6 +376,7 @@ def environment(impl: str, seed: int | None, profile: str, worlds: str) -> list[
     ).stdout.strip()
     return [
         ("implementation", impl),
+        ("implementation version", impl_version),
         ("torch", version("torch")),
         ("torchrec", version("torchrec")),
         (
@@ -424,9 +439,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(ROOT))
     from hypothesis import settings
 
-    from conformance.impls import impl_name
+    from conformance.impls import ImplError, get_impl, impl_name
 
-    impl = impl_name()
+    try:
+        adapter = get_impl()
+    except ImplError as e:
+        parser.error(str(e))
+    impl = adapter.name  # "torch" for SHARDSPEC_IMPL=torch or its "module:Class" form
     profile = os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default")
     derandomized = bool(settings.get_profile(profile).derandomize)
     seed = None if derandomized else (args.seed or int.from_bytes(os.urandom(4), "little"))
@@ -468,11 +487,12 @@ def main(argv: list[str] | None = None) -> int:
     worlds = os.environ.get("SHARDSPEC_MAX_WORLD", "4")
     one_program = ", ".join(str(w) for w in local_worlds())
     header = environment(
-        impl,
+        impl if impl == impl_name() else f"{impl} ({impl_name()})",
         seed,
         profile,
         f"suite 1..{worlds}; one program for every rank (LocalTensorMode) {one_program}; "
         "repros as each needs",
+        adapter.version(),
     )
     (out / "report.md").write_text(render(impl, header, cases, entries, probes, seconds))
     (out / "report.html").write_text(

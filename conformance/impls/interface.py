@@ -5,16 +5,41 @@ A method an implementation cannot answer raises :class:`Unsupported` with the re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 from shardspec.metadata import Box, Layout
 
-__all__ = ["Impl", "Unsupported"]
+__all__ = ["Impl", "KnownDefect", "Unsupported"]
 
 
 class Unsupported(Exception):
     """The implementation under test cannot express or perform this case."""
+
+
+@dataclass(frozen=True)
+class KnownDefect:
+    """A known defect of the implementation, declared by its adapter (``Impl.known_defects``):
+    the test is a strict expected failure when that adapter is under test, and its failure
+    must be a ``raises`` whose message ``match`` (a regular expression) is found in (CONF-14),
+    exactly as a ``@pytest.mark.known_defect(name, reason, ...)`` mark in the suite."""
+
+    reason: str
+    raises: type[BaseException] | tuple[type[BaseException], ...]
+    match: str
+    issue: str | None = None
+
+    def __post_init__(self) -> None:
+        kinds = self.raises if isinstance(self.raises, tuple) else (self.raises,)
+        exceptions = all(isinstance(k, type) and issubclass(k, BaseException) for k in kinds)
+        if not kinds or not exceptions:
+            raise TypeError(f"KnownDefect.raises must be exception types, got {self.raises!r}")
+        if not isinstance(self.match, str) or not self.match.strip():
+            raise TypeError(f"KnownDefect.match must be a non-empty pattern, got {self.match!r}")
+        re.compile(self.match)  # a bad pattern fails where it is written
 
 
 class Impl:
@@ -24,10 +49,24 @@ class Impl:
     (``["S", d]``, ``["R"]``, ``["SS", d, split_factor]``).
     """
 
+    # How the report and "unsupported by <name>" name it; known_defect marks of the suite name
+    # an adapter by it. An adapter that states none is named by its "module:Class".
     name = "?"
     # Which code the converter operations run on the ranks (conformance/ops_convert.py):
     # "shardspec", "torch", or None when the implementation has no converters.
     via: str | None = None
+    # Modules every pool rank imports, besides conformance.OPS, to register the named
+    # operations this adapter runs there (shardspec.testing.ops.operation); a module that
+    # registers its own on import lists itself: ``rank_ops = (__name__,)``.
+    rank_ops: ClassVar[tuple[str, ...]] = ()
+    # The implementation's known defects, by test: a test function's name (every
+    # parametrization of it) or a node id pattern with "::" ("conformance/tests/
+    # test_chunk.py::test_fsdp_*"), each a strict expected failure of its own failure.
+    known_defects: ClassVar[Mapping[str, KnownDefect]] = MappingProxyType({})
+
+    def version(self) -> str:
+        """The implementation's version (its package's), for the report's header."""
+        return "unknown"
 
     def unsupported(self, what: str) -> Unsupported:
         return Unsupported(f"unsupported by {self.name}: {what}")

@@ -14,6 +14,14 @@ class ShardspecImpl(Impl):
     name = "shardspec"
     via = "shardspec"
 
+    def version(self) -> str:
+        from importlib import metadata
+
+        try:
+            return metadata.version("shardspec-metadata")
+        except metadata.PackageNotFoundError:
+            return "not installed (run from the source tree)"
+
     def is_valid(self, layout: Layout) -> bool:
         try:
             layout.validate()

@@ -46,6 +46,11 @@ class TorchImpl(Impl):
     name = "torch"
     via = "torch"
 
+    def version(self) -> str:
+        import torch
+
+        return str(torch.__version__)
+
     def is_valid(self, layout: Layout) -> bool:
         from torch.distributed._shard.sharding_spec._internals import (
             check_tensor,

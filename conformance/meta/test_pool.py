@@ -4,6 +4,7 @@ traceback, dead and stuck ranks are reported within the timeout and the pool com
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 
@@ -96,6 +97,32 @@ def test_a_rank_raising_inside_a_collective_restarts_the_pool(pool: RankPool) ->
         pool.run("pool.fail", {"ranks": [0], "phase": "run"})
     assert time.monotonic() - t0 < scaled(pool.timeout)  # not a timeout: the raise was reported
     assert pool.run("pool.echo")[0].value["world"] == 2
+    assert pool.generation == gen + 1
+
+
+@pytest.mark.rule("CONF-2", "CONF-15")
+def test_a_rank_that_strands_the_others_is_a_finding_and_the_pool_restarts(
+    pool: RankPool,
+) -> None:
+    # A peer's operation need not declare its collectives: rank 0 raises in one declared
+    # non-collective while rank 1 waits in a barrier forever. That is the peer's defect, an
+    # assertion that names both ranks, not a stuck run or a pool timeout.
+    pool.start()
+    gen = pool.generation
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        pool.run("pool.strand", {"ranks": [0], "message": "peer bug 17"}, example="case-strand")
+    assert time.monotonic() - t0 < scaled(pool.timeout)  # the grace, not the call's timeout
+    text = str(info.value)
+    assert re.search(
+        r"rank 0 raised ValueError: peer bug 17; rank 1 still waiting in a collective after "
+        r"\d+\.\d s",
+        text,
+    ), text
+    assert "case-strand" in text and "the pool was restarted" in text
+    assert [(f.rank, f.type_name) for f in info.value.failures] == [(0, "ValueError")]
+    # the next example gets a fresh pool
+    assert pool.run("pool.echo")[1].value["rank"] == 1
     assert pool.generation == gen + 1
 
 

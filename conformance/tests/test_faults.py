@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conformance import faults_scenarios as sc
 from conformance.faults_world import run_world
-from conformance.impls import Impl, impl_name
+from conformance.impls import Impl, get_impl
 from shardspec.metadata import (
     Box,
     ChunkSpec,
@@ -47,7 +47,7 @@ from shardspec.testing import scaled
 SECONDS = 30
 
 needs_shardspec = pytest.mark.skipif(
-    impl_name() != "shardspec",
+    get_impl().name != "shardspec",
     reason="the faults area drives shardspec.reshard's executor directly",
 )
 

@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 
 from .processes import Worker, tail
 from .protocol import recv_frame, send_frame
-from .results import RankCrash
+from .results import RankCrash, failure_from
 
 __all__ = ["Exchange", "Frame", "error_message", "exchange"]
 
@@ -75,6 +75,7 @@ def exchange(
         assert w.sock is not None
         sel.register(w.sock, selectors.EVENT_READ, w)
     failed_in_collective = False
+    raised_at = 0.0
     try:
         while len(replies) < world_size:
             left = deadline - time.monotonic()
@@ -123,7 +124,11 @@ def exchange(
                 sel.unregister(w.sock)
                 replies[w.rank] = header
                 outs[w.rank] = got
-                if not header.get("ok") and header.get("phase") in ("collective", "call"):
+                # "run": an operation declared non-collective that raised may still have left
+                # the others in a collective of its own (an adapter's, say)
+                if not header.get("ok") and header.get("phase") in ("collective", "call", "run"):
+                    if not failed_in_collective:
+                        raised_at = time.monotonic()
                     failed_in_collective = True
                     # The others may be stuck in the collective this rank left: give them
                     # a moment to fail too, then restart rather than wait for the timeout.
@@ -143,8 +148,11 @@ def exchange(
     )
     restart = failed_in_collective and (stuck or named_split)
     if restart:
+        waited = time.monotonic() - raised_at
         for h in replies.values():
             h["restarted"] = True
+            if stuck:
+                h["stranded_s"] = waited
     return Exchange(replies, outs, restart)
 
 
@@ -166,10 +174,24 @@ def error_message(
         lines.append(f"ranks {aborted} stopped before the collective because of the above")
     stuck = sorted(set(range(world_size)) - set(replies))
     if stuck:
-        lines.append(f"ranks {stuck} were left waiting in the collective")
+        lines.append(_stranded(raised, stuck, replies))
     if any(h.get("restarted") for h in replies.values()):
         lines.append("(the pool was restarted: a rank left a collective half-done)")
     return "\n".join(lines)
+
+
+def _stranded(
+    raised: dict[int, dict[str, Any]], stuck: list[int], replies: dict[int, dict[str, Any]]
+) -> str:
+    """The finding when ranks raised and left the others in a collective: "rank 0 raised
+    ValueError: msg; rank 1 still waiting in a collective after 1.0 s"."""
+    said = []
+    for r, h in sorted(raised.items()):
+        f = failure_from(r, h)
+        said.append(f"rank {r} raised {f.type_name}: {f.message.strip()}")
+    waited = max((float(h.get("stranded_s", 0.0)) for h in replies.values()), default=0.0)
+    who = f"rank {stuck[0]}" if len(stuck) == 1 else f"ranks {stuck}"
+    return f"{'; '.join(said)}; {who} still waiting in a collective after {waited:.1f} s"
 
 
 def _crash(

@@ -18,8 +18,10 @@ tells the cases apart):
 
 - A rank raises: :class:`RankError` (an ``AssertionError``) carrying every failing rank's
   traceback and the example, so Hypothesis shrinks it like any failure. A rank that raises
-  inside a collective may strand the others: they get ``error_grace`` seconds to answer, then
-  the pool is restarted.
+  inside a collective (or in any operation or rank function: a peer's own operation may hold
+  collectives it did not declare) may strand the others: they get ``error_grace`` seconds to
+  answer, then the pool is restarted and the :class:`RankError` says so ("rank 0 raised
+  ValueError: ...; rank 1 still waiting in a collective after 1.0 s").
 - A rank dies or hangs: detected by end-of-stream or by the per-call timeout
   (``SHARDSPEC_POOL_TIMEOUT`` seconds, default 10); the pool is killed and restarted on the
   next call, and :class:`RankCrash` is raised with the example. ``RankCrash`` derives from

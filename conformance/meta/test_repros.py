@@ -67,19 +67,20 @@ def test_a_repro_whose_package_does_not_load_says_skipped(path: Path) -> None:
 
 
 def _known_torch_defects() -> set[str]:
-    """Every conformance test marked ``known_defect("torch", ...)``, read from the source."""
+    """Every conformance test marked ``known_defect("torch", ...)``, read from the source: on
+    the function, or on one of its parameters (``pytest.param(..., marks=...)``)."""
     names = set()
     for path in (ROOT / "conformance" / "tests").glob("test_*.py"):
         for node in ast.parse(path.read_text()).body:
             if not isinstance(node, ast.FunctionDef):
                 continue
-            for dec in node.decorator_list:
+            for call in (c for dec in node.decorator_list for c in ast.walk(dec)):
                 if (
-                    isinstance(dec, ast.Call)
-                    and ast.unparse(dec.func).endswith("mark.known_defect")
-                    and dec.args
-                    and isinstance(dec.args[0], ast.Constant)
-                    and dec.args[0].value == "torch"
+                    isinstance(call, ast.Call)
+                    and ast.unparse(call.func).endswith("mark.known_defect")
+                    and call.args
+                    and isinstance(call.args[0], ast.Constant)
+                    and call.args[0].value == "torch"
                 ):
                     names.add(f"{path.name}::{node.name}")
     return names

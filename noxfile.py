@@ -235,9 +235,16 @@ def slow(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def conformance(session: nox.Session) -> None:
-    """The conformance suite against shardspec, on gloo ranks (world sizes 1-4)."""
-    stack = install_stack(session)
+    """The conformance suite against shardspec, on gloo ranks (world sizes 1-4). With
+    `-- --coverage`, the same run measured as `nox -s coverage` measures it (CI's way: the
+    suite runs once and gives both verdicts)."""
+    measure = "--coverage" in session.posargs
+    stack = install_stack(session, *(["coverage[toml]>=7.10"] if measure else []))
     _, rest = split_args(session)
+    rest = [a for a in rest if a != "--coverage"]
+    if measure:
+        _measured_conformance(session, stack, rest)
+        return
     session.env["SHARDSPEC_IMPL"] = "shardspec"
     # The faults area's 2 GiB state dict is marked slow (`nox -s slow` runs it).
     select = [] if "-m" in rest else ["-m", "not slow"]
@@ -284,10 +291,14 @@ def coverage(session: nox.Session) -> None:
     examples; pool ranks and simulated ranks measured too), per module; fails under the floor
     in pyproject.toml's [tool.coverage.report]. conformance/coverage_audit.py prints every
     uncovered line and branch of a public function with its reason from
-    conformance/coverage-allow.txt, and fails on any without one or on a reason that matches
-    nothing any more."""
+    conformance/coverage-allow.txt, and fails on any without one; reasons that match nothing
+    in this run are listed as stale. `nox -s conformance -- --coverage` is the same run."""
     stack = install_stack(session, "coverage[toml]>=7.10")
     _, rest = split_args(session)
+    _measured_conformance(session, stack, rest)
+
+
+def _measured_conformance(session: nox.Session, stack: Stack, rest: list[str]) -> None:
     session.env["SHARDSPEC_IMPL"] = "shardspec"
     # measured ranks run slower: a pool timeout would fail a test and hide what it reaches
     session.env["SHARDSPEC_POOL_TIMEOUT"] = os.environ.get("SHARDSPEC_POOL_TIMEOUT", "60")

@@ -256,6 +256,34 @@ class Impl:
         returned (``same``) and whether anything outside them was written (``spilled``)."""
         raise self.unsupported("resharding a state dict of several dtypes")
 
+    def reshard_checked(
+        self,
+        pool: Any,
+        entries: list[dict[str, Any]],
+        *,
+        api: str,
+        copies: dict[int, dict[str, dict[str, Layout]]] | None = None,
+        inputs: list[list[Any]] | None = None,
+        check_replicas: bool = False,
+        out: bool = False,
+        noncontig: bool = False,
+        example: str,
+    ) -> list[Any]:
+        """The executor's collective checks (RESHARD-5, RESHARD-13): ``reshard`` of the one
+        entry (``api`` ``reshard``) or ``reshard_state_dict`` of every entry (``key``,
+        ``src``, ``dst``, global ``tensor``) with ``check_replicas``, where rank r passes
+        ``copies[r][key]["src"/"dst"]`` instead of an entry's layouts, and as its source
+        shards ``inputs[r]`` (every entry's boxes of r in order; by default the slices of the
+        global tensors its own layouts give), strided when ``noncontig``; with ``out``, into
+        out= tensors of its own destination boxes, filled with a sentinel byte. Per rank a
+        RankResult: ``value["error"]`` (the ReshardError it raised, or None),
+        ``value["untouched"]`` (whether its out= tensors still hold only the sentinel after
+        an error; None without out=) and its destination shards of every entry when it
+        returned."""
+        raise self.unsupported(
+            "the executor's collective checks before data moves (agreement, check_replicas)"
+        )
+
     # TorchRec (TORCHREC-*, spec/08-torchrec.md)
     def torchrec_layout(
         self,

@@ -293,6 +293,59 @@ class ShardspecImpl(Impl):
         args = {"entries": wire, "budget": budget}
         return list(pool.run("reshard.state_dict", args, per_rank_tensors=inputs, example=example))
 
+    def reshard_checked(
+        self,
+        pool: Any,
+        entries: list[dict[str, Any]],
+        *,
+        api: str,
+        copies: dict[int, dict[str, dict[str, Layout]]] | None = None,
+        inputs: list[list[Any]] | None = None,
+        check_replicas: bool = False,
+        out: bool = False,
+        noncontig: bool = False,
+        example: str,
+    ) -> list[Any]:
+        from conformance.codec import layout_to_json
+
+        copies = copies or {}
+
+        def own(rank: int, e: dict[str, Any], side: str) -> Layout:
+            return copies.get(rank, {}).get(e["key"], {}).get(side, e[side])  # type: ignore[no-any-return]
+
+        if inputs is None:
+            inputs = [
+                [
+                    e["tensor"][b.slices()].contiguous()
+                    for e in entries
+                    for b in own(r, e, "src").boxes_of(r)
+                ]
+                for r in range(pool.world_size)
+            ]
+        args = {
+            "entries": [
+                {
+                    "key": e["key"],
+                    "src": layout_to_json(e["src"]),
+                    "dst": layout_to_json(e["dst"]),
+                    "dtype": str(e["tensor"].dtype).removeprefix("torch."),
+                }
+                for e in entries
+            ],
+            "copies": {
+                str(r): {
+                    k: {side: layout_to_json(lay) for side, lay in sides.items()}
+                    for k, sides in per_key.items()
+                }
+                for r, per_key in copies.items()
+            },
+            "api": api,
+            "check_replicas": check_replicas,
+            "out": out,
+            "noncontig": noncontig,
+        }
+        return list(pool.run("reshard.checked", args, per_rank_tensors=inputs, example=example))
+
     # TorchRec (TORCHREC-*)
     def torchrec_layout(
         self,

@@ -6,7 +6,10 @@ when a pool imports this module (listed in :data:`conformance.OPS`).
 ``via`` picks whose code runs: torch's own ShardedTensor construction, ``distribute_tensor``
 and DCP's default planners and ``FileSystemReader``, or shardspec's
 ``to_sharded_tensor_metadata``, ``distribute_dtensor`` and ``shardspec.checkpoint.dcp``'s
-planners and ``FileSystemReader``. Only DCP's file format and its writer are shared.
+planners and ``FileSystemReader``. Only DCP's file format and its writer are shared. A load
+with ``plain`` reads through DCP's default planner and reader whatever ``via`` built the
+tensor it loads into: how a job that knows nothing of shardspec loads a checkpoint that
+``shardspec reshard`` rewrote (CKPT-17).
 """
 
 from __future__ import annotations
@@ -82,6 +85,16 @@ def _check_load(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> N
         raise ValueError(f"kind must be 'sharded' or 'dtensor', got {args['kind']!r}")
 
 
+def _target(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor], via: str) -> Any:
+    """What a load fills: a ShardedTensor holding this rank's boxes of ``layout`` (``kind``
+    sharded; ``ts`` are its local tensors), or a DTensor of ``fill`` on a ``mesh`` with
+    ``placements`` (``kind`` dtensor)."""
+    dtype = getattr(torch, args["dtype"])
+    if args["kind"] == "sharded":
+        return sharded_tensor_of(ctx, layout_from_json(args["layout"]), dtype, ts, via)
+    return _filled_dtensor(ctx, args, dtype, via)
+
+
 @operation("checkpoint.load", collective=True, check=_check_load)
 def _load(
     ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
@@ -89,21 +102,19 @@ def _load(
     """``dcp.load`` from ``path`` into a tensor of ``dtype`` whose elements are all ``fill``
     (so an element no read reaches shows): a ShardedTensor holding this rank's boxes of
     ``layout`` (``kind`` sharded; ``ts`` are the filled boxes), or a DTensor on a ``mesh``
-    with ``placements`` (``kind`` dtensor). Returns the local tensors after the load, in the
-    layout's local order, and the DTensor's mesh coordinate."""
+    with ``placements`` (``kind`` dtensor). With ``plain``, DCP's own planner and reader
+    read. Returns the local tensors after the load, in the layout's local order, and the
+    DTensor's mesh coordinate."""
     import torch.distributed.checkpoint as dcp
 
     via = via_of(args)
-    dtype = getattr(torch, args["dtype"])
-    if args["kind"] == "sharded":
-        obj = sharded_tensor_of(ctx, layout_from_json(args["layout"]), dtype, ts, via)
-    else:
-        obj = _filled_dtensor(ctx, args, dtype, via)
+    obj = _target(ctx, args, ts, via)
+    reading = "torch" if args.get("plain") else via
     dcp.load(
         {KEY: obj},
         checkpoint_id=args["path"],
-        storage_reader=_load_reader(via, args),
-        planner=_load_planner(via),
+        storage_reader=_load_reader(reading, args),
+        planner=_load_planner(reading),
     )
     if args["kind"] == "sharded":
         return None, [s.tensor for s in obj.local_shards()]
@@ -122,3 +133,17 @@ def _filled_dtensor(ctx: Context, args: dict[str, Any], dtype: torch.dtype, via:
 
         return distribute_dtensor(full, mesh, placements, src_rank=None)
     return distribute_tensor(full, mesh, placements, src_data_rank=None)
+
+
+@operation("checkpoint.layouts_of", collective=True, check=_check_load)
+def _layouts_of(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
+    """The ``--layouts`` file of ``shardspec reshard`` as the target job writes it: shardspec's
+    ``layouts_of`` of a state dict holding the load's target (see ``checkpoint.load``) under
+    the checkpoint's key. Only shardspec has offline rewriting, so only ``via`` shardspec."""
+    if via_of(args) != "shardspec":
+        raise ValueError("layouts_of is shardspec's (CKPT-17): pass via='shardspec'")
+    from shardspec.checkpoint.offline import layouts_of
+
+    return {"layouts": layouts_of({KEY: _target(ctx, args, ts, "shardspec")})}, []

@@ -183,3 +183,91 @@ def _reshard_torch_sharded(
     )
     st = st.reshard(spec)
     return None, [s.tensor for s in st.local_shards()]
+
+
+def _own_layouts(ctx: Context, args: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """Per entry ``(key, src, dst)`` as this rank passes them: the entry's layouts, or this
+    rank's own copy where ``copies[str(rank)][key]`` gives one (``src``, ``dst``)."""
+    mine = args.get("copies", {}).get(str(ctx.rank), {})
+    out = []
+    for e in args["entries"]:
+        own = mine.get(e["key"], {})
+        src = layout_from_json(own.get("src", e["src"]))
+        out.append((e["key"], src, layout_from_json(own.get("dst", e["dst"]))))
+    return out
+
+
+def _checked_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
+    if args.get("api") not in ("reshard", "state_dict"):
+        raise ValueError(f"api must be 'reshard' or 'state_dict', got {args.get('api')!r}")
+    if args["api"] == "reshard" and len(args["entries"]) != 1:
+        raise ValueError("api 'reshard' moves one entry")
+    need = sum(len(src.boxes_of(ctx.rank)) for _, src, _ in _own_layouts(ctx, args))
+    if len(ts) != need:
+        raise ValueError(f"rank {ctx.rank} got {len(ts)} tensors for {need} source boxes")
+
+
+_SENTINEL = 0xA5  # the byte every out= tensor of reshard.checked starts with (1 for bool)
+
+
+def _sentinel(sizes: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    n = 1
+    for s in sizes:
+        n *= s
+    flat = torch.empty(n, dtype=dtype, device=device)
+    flat.view(torch.uint8).fill_(1 if dtype == torch.bool else _SENTINEL)
+    return flat.view(sizes)
+
+
+def _untouched(t: torch.Tensor) -> bool:
+    fill = 1 if t.dtype == torch.bool else _SENTINEL
+    return bool((t.reshape(-1).view(torch.uint8) == fill).all())
+
+
+@operation("reshard.checked", collective=True, check=_checked_check)
+def _reshard_checked(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
+    """shardspec's ``reshard`` (``api`` reshard: the one entry) or ``reshard_state_dict``
+    with ``check_replicas`` as given, where this rank may pass its own copy of an entry's
+    layouts (``copies``, see :func:`_own_layouts`) and its source shards are whatever it was
+    sent (copies of a replicated box may differ), strided when ``noncontig``; with ``out``,
+    into out= tensors of its own destination boxes whose every byte is a sentinel. A
+    ``ReshardError`` is an answer, not a failure: ``{"error": its message or None,
+    "untouched": whether every out= tensor still holds only the sentinel (None without
+    out=)}`` and, when the call returned, the destination shards of every entry in order."""
+    from shardspec.reshard import ReshardError, reshard, reshard_state_dict
+
+    state: dict[str, list[torch.Tensor]] = {}
+    src, dst, dtypes = {}, {}, {}
+    outs: dict[str, list[torch.Tensor]] = {}
+    pos = 0
+    for (key, s, d), e in zip(_own_layouts(ctx, args), args["entries"]):
+        k = len(s.boxes_of(ctx.rank))
+        state[key] = [_noncontig(t) if args.get("noncontig") else t for t in ts[pos : pos + k]]
+        pos += k
+        src[key], dst[key], dtypes[key] = s, d, getattr(torch, e["dtype"])
+        if args.get("out"):
+            outs[key] = [_sentinel(b.sizes, dtypes[key], ctx.device) for b in d.boxes_of(ctx.rank)]
+    out = outs if args.get("out") else None
+    check = bool(args.get("check_replicas"))
+    try:
+        if args["api"] == "reshard":
+            (key,) = state
+            given = None if out is None else out[key]
+            got = {
+                key: reshard(
+                    state[key],
+                    src[key],
+                    dst[key],
+                    dtype=dtypes[key],
+                    out=given,
+                    check_replicas=check,
+                )
+            }
+        else:
+            got = reshard_state_dict(state, src, dst, dtypes=dtypes, out=out, check_replicas=check)
+    except ReshardError as e:
+        untouched = None if out is None else all(_untouched(t) for v in out.values() for t in v)
+        return {"error": str(e), "untouched": untouched}, []
+    return {"error": None, "untouched": None}, [t.contiguous() for k in state for t in got[k]]

@@ -213,6 +213,46 @@ class Impl:
                 per_rank_tensors=per_rank, example=example,
             )  # fmt: skip
 
+    def checkpoint_offline(
+        self,
+        save_pool: Any,
+        load_pool: Any,
+        saved: Layout,
+        tensor: Any,
+        target: dict[str, Any],
+        how: str,
+        example: str,
+    ) -> dict[str, Any]:
+        """Offline rewriting (CKPT-17): a real ``dcp.save`` on ``save_pool``'s ranks of a
+        ShardedTensor holding ``saved``'s boxes of ``tensor``; the implementation's offline
+        rewriting of it into the chunk layout of ``target`` (as :meth:`checkpoint_round_trip`'s
+        ``load``, its layout a Layout), given as ``how`` says: ``layouts`` (the layouts file
+        the target job writes) or ``like`` (a checkpoint the target job saved, in which rank r
+        saved its boxes of the target); then a plain ``dcp.load`` (DCP's own planner and
+        reader) on ``load_pool``'s ranks into ``target``, every element filled with 1
+        beforehand. Returns ``rc`` and ``stderr`` of the rewriting, ``chunks`` of the
+        rewritten tensor and, with ``like``, ``like_chunks`` of that checkpoint (each a list
+        of ``(Box, file)``), and ``loaded``: per load rank a RankResult whose tensors are its
+        local tensors after the load."""
+        raise self.unsupported("rewriting a checkpoint offline into another chunk layout")
+
+    def checkpoint_diff_values(
+        self,
+        pool_a: Any,
+        pool_b: Any,
+        a: Layout,
+        tensor_a: Any,
+        b: Layout,
+        tensor_b: Any,
+        options: Sequence[str],
+        example: str,
+    ) -> dict[str, Any]:
+        """``diff A B --values`` (CKPT-7, CKPT-10) of two checkpoints, each a real ``dcp.save``
+        (A on ``pool_a`` of ``a``'s boxes of ``tensor_a``, B likewise) of one tensor ``t``,
+        with ``options`` (``--atol``/``--rtol``): ``rc`` and ``out`` of the text report,
+        ``json_rc`` and ``json`` of the ``--json`` one."""
+        raise self.unsupported("comparing two checkpoints' values (diff --values)")
+
     # resharding (RESHARD-*)
     def reshard(
         self,
@@ -239,6 +279,34 @@ class Impl:
         entry in order, and whose ``value`` says per key whether the out= tensors given were
         returned (``same``) and whether anything outside them was written (``spilled``)."""
         raise self.unsupported("resharding a state dict of several dtypes")
+
+    def reshard_checked(
+        self,
+        pool: Any,
+        entries: list[dict[str, Any]],
+        *,
+        api: str,
+        copies: dict[int, dict[str, dict[str, Layout]]] | None = None,
+        inputs: list[list[Any]] | None = None,
+        check_replicas: bool = False,
+        out: bool = False,
+        noncontig: bool = False,
+        example: str,
+    ) -> list[Any]:
+        """The executor's collective checks (RESHARD-5, RESHARD-13): ``reshard`` of the one
+        entry (``api`` ``reshard``) or ``reshard_state_dict`` of every entry (``key``,
+        ``src``, ``dst``, global ``tensor``) with ``check_replicas``, where rank r passes
+        ``copies[r][key]["src"/"dst"]`` instead of an entry's layouts, and as its source
+        shards ``inputs[r]`` (every entry's boxes of r in order; by default the slices of the
+        global tensors its own layouts give), strided when ``noncontig``; with ``out``, into
+        out= tensors of its own destination boxes, filled with a sentinel byte. Per rank a
+        RankResult: ``value["error"]`` (the ReshardError it raised, or None),
+        ``value["untouched"]`` (whether its out= tensors still hold only the sentinel after
+        an error; None without out=) and its destination shards of every entry when it
+        returned."""
+        raise self.unsupported(
+            "the executor's collective checks before data moves (agreement, check_replicas)"
+        )
 
     # TorchRec (TORCHREC-*, spec/08-torchrec.md)
     def torchrec_layout(

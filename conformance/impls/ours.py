@@ -144,6 +144,114 @@ class ShardspecImpl(Impl):
         mine = [ChunkStorageMetadata(list(b.offsets), list(b.sizes)) for b in local]
         return read_regions(read_items_for_chunks("t", checkpoint_storage(shape, saved), mine))
 
+    def _save(self, pool: Any, path: str, layout: Layout, tensor: Any, example: str) -> None:
+        """A real ``dcp.save`` on the pool's ranks of ``layout``'s boxes of ``tensor``."""
+        from conformance.codec import layout_to_json
+
+        args = {
+            "path": path,
+            "layout": layout_to_json(layout),
+            "dtype": str(tensor.dtype).removeprefix("torch."),
+        }
+        inputs = [
+            [tensor[b.slices()].contiguous() for b in layout.boxes_of(r)]
+            for r in range(pool.world_size)
+        ]
+        self._run_via(
+            "DCP save", pool, "checkpoint.save", args, per_rank_tensors=inputs, example=example
+        )
+
+    def checkpoint_offline(
+        self,
+        save_pool: Any,
+        load_pool: Any,
+        saved: Layout,
+        tensor: Any,
+        target: dict[str, Any],
+        how: str,
+        example: str,
+    ) -> dict[str, Any]:
+        import os
+        import tempfile
+
+        import torch
+
+        from conformance.codec import layout_to_json
+
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        shape = list(tensor.shape)
+        wire = dict(target)
+        if target["kind"] == "sharded":
+            wire["layout"] = layout_to_json(target["layout"])
+        facts: dict[str, Any] = {"chunks": [], "loaded": []}
+        with tempfile.TemporaryDirectory(prefix="shardspec-offline-") as tmp:
+            src, dst = os.path.join(tmp, "src"), os.path.join(tmp, "dst")
+            self._save(save_pool, src, saved, tensor, example)
+            if how == "like":
+                like = os.path.join(tmp, "like")
+                self._save(load_pool, like, target["layout"], torch.zeros_like(tensor), example)
+                facts["like_chunks"] = _saved_chunks(like)
+                argv = ["reshard", src, dst, "--like", like]
+            else:
+                args = {**wire, "dtype": dtype, "fill": 0, "shape": shape}
+                zeros = _filled(target, tensor.dtype, 0, load_pool.world_size)
+                results = self._run_via(
+                    "layouts_of",
+                    load_pool,
+                    "checkpoint.layouts_of",
+                    args,
+                    per_rank_tensors=zeros,
+                    example=example,
+                )
+                layouts = os.path.join(tmp, "layouts.json")
+                with open(layouts, "w", encoding="utf-8") as f:
+                    f.write(results[0].value["layouts"])
+                argv = ["reshard", src, dst, "--layouts", layouts]
+            facts["rc"], _, facts["stderr"] = _command(argv)
+            if facts["rc"] != 0:
+                return facts
+            facts["chunks"] = _saved_chunks(dst)
+            load = {**wire, "path": dst, "dtype": dtype, "fill": 1, "shape": shape, "plain": True}
+            facts["loaded"] = self._run_via(
+                "DCP load",
+                load_pool,
+                "checkpoint.load",
+                load,
+                per_rank_tensors=_filled(target, tensor.dtype, 1, load_pool.world_size),
+                example=example,
+            )
+        return facts
+
+    def checkpoint_diff_values(
+        self,
+        pool_a: Any,
+        pool_b: Any,
+        a: Layout,
+        tensor_a: Any,
+        b: Layout,
+        tensor_b: Any,
+        options: Sequence[str],
+        example: str,
+    ) -> dict[str, Any]:
+        import json
+        import os
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="shardspec-diff-") as tmp:
+            path_a, path_b = os.path.join(tmp, "a"), os.path.join(tmp, "b")
+            self._save(pool_a, path_a, a, tensor_a, example)
+            self._save(pool_b, path_b, b, tensor_b, example)
+            argv = ["diff", path_a, path_b, "--values", "--progress", "never", *options]
+            rc, out, err = _command(argv)
+            json_rc, json_out, json_err = _command([*argv, "--json"])
+        return {
+            "rc": rc,
+            "out": out,
+            "stderr": err + json_err,
+            "json_rc": json_rc,
+            "json": json.loads(json_out) if json_out.strip() else None,
+        }
+
     def reshard(
         self,
         pool: Any,
@@ -193,6 +301,59 @@ class ShardspecImpl(Impl):
         args = {"entries": wire, "budget": budget}
         return list(pool.run("reshard.state_dict", args, per_rank_tensors=inputs, example=example))
 
+    def reshard_checked(
+        self,
+        pool: Any,
+        entries: list[dict[str, Any]],
+        *,
+        api: str,
+        copies: dict[int, dict[str, dict[str, Layout]]] | None = None,
+        inputs: list[list[Any]] | None = None,
+        check_replicas: bool = False,
+        out: bool = False,
+        noncontig: bool = False,
+        example: str,
+    ) -> list[Any]:
+        from conformance.codec import layout_to_json
+
+        copies = copies or {}
+
+        def own(rank: int, e: dict[str, Any], side: str) -> Layout:
+            return copies.get(rank, {}).get(e["key"], {}).get(side, e[side])  # type: ignore[no-any-return]
+
+        if inputs is None:
+            inputs = [
+                [
+                    e["tensor"][b.slices()].contiguous()
+                    for e in entries
+                    for b in own(r, e, "src").boxes_of(r)
+                ]
+                for r in range(pool.world_size)
+            ]
+        args = {
+            "entries": [
+                {
+                    "key": e["key"],
+                    "src": layout_to_json(e["src"]),
+                    "dst": layout_to_json(e["dst"]),
+                    "dtype": str(e["tensor"].dtype).removeprefix("torch."),
+                }
+                for e in entries
+            ],
+            "copies": {
+                str(r): {
+                    k: {side: layout_to_json(lay) for side, lay in sides.items()}
+                    for k, sides in per_key.items()
+                }
+                for r, per_key in copies.items()
+            },
+            "api": api,
+            "check_replicas": check_replicas,
+            "out": out,
+            "noncontig": noncontig,
+        }
+        return list(pool.run("reshard.checked", args, per_rank_tensors=inputs, example=example))
+
     # TorchRec (TORCHREC-*)
     def torchrec_layout(
         self,
@@ -235,3 +396,44 @@ class ShardspecImpl(Impl):
         from shardspec.torchrec.wrapper import LocalShardsWrapper
 
         return LocalShardsWrapper(list(shards), [tuple(o) for o in offsets])
+
+
+def _filled(target: dict[str, Any], dtype: Any, value: int, world: int) -> list[list[Any]]:
+    """Per rank, its boxes of a ShardedTensor target, every element ``value`` (a DTensor
+    target is made on the ranks: nothing to send)."""
+    import torch
+
+    if target["kind"] != "sharded":
+        return [[] for _ in range(world)]
+    one = torch.full((), value, dtype=dtype)
+    return [
+        [one.expand(b.sizes).contiguous() for b in target["layout"].boxes_of(r)]
+        for r in range(world)
+    ]
+
+
+def _command(argv: list[str]) -> tuple[int, str, str]:
+    """``shardspec ARGV`` in this process: exit status, stdout, stderr."""
+    import contextlib
+    import io
+
+    from shardspec.checkpoint.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def _saved_chunks(path: str) -> list[tuple[Box, str | None]]:
+    """The saved chunks of tensor ``t`` of the checkpoint at ``path`` and the file of each
+    (None for a chunk without a storage entry), as DCP's own reader reads its metadata."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    md = FileSystemReader(path).read_metadata()
+    out: list[tuple[Box, str | None]] = []
+    for c in md.state_dict_metadata["t"].chunks:
+        info = md.storage_data.get(MetadataIndex("t", c.offsets))
+        out.append((Box(tuple(c.offsets), tuple(c.sizes)), getattr(info, "relative_path", None)))
+    return out

@@ -1,8 +1,10 @@
-"""The strategies behind the validation, specs, serialization, resharding and flattening areas
-reach the edges where seeded defects hid: layouts of 64 shards and more (where a validator may
-switch algorithm) with one box straddling a cell boundary, many ranks in a drawn order, every
-kind of malformed JSON, mixed element sizes in one stream unpacked into non-contiguous out=
-views, and a rank with nothing local."""
+"""The strategies behind the validation, specs, serialization, resharding, flattening and
+checkpoint tools areas reach the edges where seeded defects hid: layouts of 64 shards and more
+(where a validator may switch algorithm) with one box straddling a cell boundary, many ranks
+in a drawn order, every kind of malformed JSON, mixed element sizes in one stream unpacked
+into non-contiguous out= views, a rank with nothing local; chunks that meet several of the
+other layout's, a change on a chunk's last element or in a high byte, a replica changed on
+its last owner or in the last key of a state dict."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from hypothesis.errors import NoSuchExample
 
 from conformance import reference
 from conformance.strategies import dtensor_pool_cases, fsdp_cases, fsdp_meshes
+from conformance.strategies_agreement import disagreement_cases, replica_cases, replicas_of
+from conformance.strategies_checkpoint import diff_cases, offline_cases
 from conformance.strategies_grids import (
     LARGE_FROM,
     STRADDLE_KINDS,
@@ -426,3 +430,150 @@ def test_fsdp_cases_at_scale_reach_the_large_world_edges(
         "more FSDP ranks than rows",
     )
     reaches(fsdp_cases(), lambda c: 1 in c[1] and math.prod(c[1]) > 255, "a size-1 mesh dim")
+
+
+def _meets(a: Any, b: Any) -> bool:
+    return a.intersect(b) is not None and a.numel > 0 and b.numel > 0
+
+
+def _fed_by_several(target: Layout, saved: Layout) -> bool:
+    """Some target chunk is filled from two or more saved chunks."""
+    return any(sum(_meets(t.box, s.box) for s in saved.shards) >= 2 for t in target.shards)
+
+
+def test_offline_cases_cross_layouts_and_reach_replicas_empties_and_like() -> None:
+    strat = offline_cases()
+    reaches(
+        strat,
+        lambda c: (
+            c["target"]["kind"] == "sharded"
+            and c["saved"].ndim >= 2
+            and _fed_by_several(c["target"]["layout"], c["saved"])
+        ),
+        "a 2-D+ target chunk filled from several saved chunks",
+    )
+    reaches(
+        strat,
+        lambda c: (
+            c["target"]["kind"] == "dtensor"
+            and ["R"] in c["target"]["placements"]
+            and len(c["target"]["mesh"]) == 2
+        ),
+        "a DTensor target on a 2-D mesh with a replicated dim",
+    )
+    reaches(
+        strat,
+        lambda c: c["how"] == "like" and any(s.box.is_empty for s in c["target"]["layout"].shards),
+        "a --like target with an empty chunk",
+    )
+
+
+def _chunk_edge(c: dict[str, Any]) -> bool:
+    """The change sits on the last element of a chunk, not the tensor's last element."""
+    shape = c["a"].shape
+    n = math.prod(shape)
+    for lay in (c["a"], c["b"]):
+        for s in lay.shards:
+            if s.box.numel:
+                last = 0
+                for o, z, side in zip(s.box.offsets, s.box.sizes, shape):
+                    last = last * side + o + z - 1
+                if last == c["change"]["index"] != n - 1:
+                    return True
+    return False
+
+
+# The tools' cases draw a kind of change, a dtype and a place each: a given combination is
+# one draw in fifty or so, so these look further than FIND's 300 (each stops when it finds).
+TOOLS = settings(FIND, max_examples=1500)
+
+
+def test_diff_cases_change_chunk_edges_high_bytes_nan_payloads_and_bounds() -> None:
+    strat = diff_cases()
+    reaches(strat, _chunk_edge, "a change on a chunk's last element inside the tensor")
+    reaches(
+        strat,
+        lambda c: c["change"]["kind"] == "high_byte" and c["tensor_a"].element_size() >= 2,
+        "a change in the high byte of a multi-byte element",
+    )
+    reaches(
+        strat,
+        lambda c: c["change"]["kind"] == "nan_payload" and c["tensor_a"].dtype == torch.bfloat16,
+        "two bfloat16 NaNs of different payloads",
+        TOOLS,
+    )
+    reaches(
+        strat,
+        lambda c: c["options"] in (["--atol", "0.5"], ["--rtol", "0.25"]),
+        "a change exactly on the tolerance's bound",
+        TOOLS,
+    )
+    reaches(
+        strat,
+        lambda c: _fed_by_several(c["a"], c["b"]) and _fed_by_several(c["b"], c["a"]),
+        "layouts where chunks of each side meet several of the other",
+    )
+
+
+def test_disagreement_cases_reach_a_bystander_and_the_last_key() -> None:
+    strat = disagreement_cases()
+    reaches(
+        strat,
+        lambda c: (
+            c["odd"] is not None and c["odd"]["rank"] not in (c["odd"]["from"], c["odd"]["to"])
+        ),
+        "a copy differing on a rank that neither held nor gets the box",
+    )
+    reaches(
+        strat,
+        lambda c: (
+            c["odd"] is not None
+            and c["odd"]["side"] == "dst"
+            and c["odd"]["key"] == c["entries"][-1]["key"]
+            and len(c["entries"]) >= 2
+        ),
+        "the last key's dst of a state dict",
+        TOOLS,
+    )
+    reaches(strat, lambda c: c["odd"] is None and c["world"] >= 3, "the control on 3+ ranks")
+
+
+def test_replica_cases_reach_the_last_owner_the_last_key_and_high_bytes() -> None:
+    strat = replica_cases()
+    reaches(
+        strat,
+        lambda c: (
+            c["bad"] is not None
+            and len(c["bad"]["others"]) >= 2
+            and c["bad"]["owner"] > max(c["bad"]["others"])
+        ),
+        "the last of three or more owners changed",
+        TOOLS,
+    )
+    reaches(
+        strat,
+        lambda c: (
+            c["bad"] is not None
+            and c["bad"]["entry"] == len(c["entries"]) - 1 >= 1
+            and any(not replicas_of(e["src"]) for e in c["entries"])
+        ),
+        "the last key of a state dict changed, beside a key without replicas",
+    )
+    reaches(
+        strat,
+        lambda c: (
+            c["bad"] is not None
+            and c["bad"]["kind"] == "high_byte"
+            and c["entries"][c["bad"]["entry"]]["tensor"].element_size() >= 4
+        ),
+        "the high byte of a 4-byte or wider element",
+    )
+    reaches(
+        strat,
+        lambda c: (
+            c["bad"] is not None
+            and c["bad"]["index"] > 0
+            and c["bad"]["index"] == c["bad"]["box"].numel - 1
+        ),
+        "the last element of a box of several",
+    )

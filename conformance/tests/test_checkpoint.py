@@ -216,6 +216,43 @@ EMPTIES_NO_SPEC_HOLDS = {
 }
 
 
+# Through shardspec's LoadPlanner and FileSystemReader, every chunk by its parts (CKPT-14):
+# uneven rows saved on 3 ranks (an empty one past the end) loaded as columns on 2, each
+# column chunk read from 3 saved chunks; bfloat16 of arbitrary bits (NaN payloads, -0.0).
+ROWS_TO_COLUMNS_BF16 = {
+    "save_world": 3,
+    "load_world": 2,
+    "saved": Layout(
+        (5, 7),
+        [
+            Shard(Box((0, 0), (2, 7)), 2),
+            Shard(Box((2, 0), (2, 7)), 0),
+            Shard(Box((4, 0), (1, 7)), 1),
+            Shard(Box((5, 0), (0, 7)), 0),
+        ],
+    ),
+    "load": {
+        "kind": "sharded",
+        "layout": layout_to_json(
+            Layout(
+                (5, 7),
+                [
+                    Shard(Box((0, 0), (5, 3)), 1),
+                    Shard(Box((0, 3), (5, 3)), 0),
+                    Shard(Box((0, 6), (5, 1)), 1),
+                ],
+            )
+        ),
+        "whole_item_bytes": 0,
+    },
+    "tensor": torch.randint(
+        0, 256, (70,), generator=torch.Generator().manual_seed(5), dtype=torch.uint8
+    )
+    .view(torch.bfloat16)
+    .reshape(5, 7),
+}
+
+
 @pytest.mark.rule("CKPT-1", "CKPT-3", "CKPT-13", "CKPT-14", "CONF-1")
 @pytest.mark.known_defect(
     "torch",
@@ -232,6 +269,7 @@ EMPTIES_NO_SPEC_HOLDS = {
 @given(round_trips())
 @example(EMPTY_CHUNK_DISPLACES_DATA)
 @example(EMPTIES_NO_SPEC_HOLDS)
+@example(ROWS_TO_COLUMNS_BF16)
 def test_a_checkpoint_saved_on_one_world_loads_on_another(
     impl: Impl, pools: Any, c: dict[str, Any]
 ) -> None:

@@ -184,3 +184,22 @@ def test_the_check_raises_exactly_when_a_replica_differs(
         assert len(answers[r]) == len(want.get(r, [])), r
         for a, b in zip(answers[r], want.get(r, [])):
             assert reference.same_bits(a, b), f"rank {r}: {a} should be {b}"
+
+
+@pytest.mark.rule("RESHARD-13")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_a_strided_one_element_replica_has_the_digest_of_its_contiguous_copy(
+    dtype: torch.dtype,
+) -> None:
+    """A one-element view with stride 2 passes ``.contiguous()`` unchanged and a dtype view
+    refuses it: every rank raised "stride(-1) must be 1" instead of resharding (found by the
+    conformance suite's check_replicas cases with strided inputs)."""
+    from shardspec.reshard.agreement import replica_digests
+
+    src = Layout.replicated((1,), [0, 1])
+    one = torch.ones(1, dtype=dtype)
+    strided = torch.zeros(3, dtype=dtype)[1::2]
+    strided.copy_(one)
+    assert strided.stride() == (2,)
+    want = replica_digests(["t"], {"t": src}, {"t": [one]}, 0)
+    assert replica_digests(["t"], {"t": src}, {"t": [strided]}, 0) == want

@@ -19,6 +19,7 @@ carry no checksum, so a flipped bit there cannot be found.
 from __future__ import annotations
 
 import io
+import math
 import os
 import zipfile
 from collections.abc import Iterable
@@ -208,6 +209,10 @@ def read_saved_chunk(
     if dtype != tensor.dtype:
         raise bad(f"holds {dtype} data, the metadata says {tensor.dtype}")
     if tuple(value.shape) != c.sizes:
+        if value.numel() == 0 and math.prod(c.sizes) == 0:
+            # Two empty chunks may start at one offset (CKPT-1), and the storage entries are
+            # found by offset: such a chunk's entry may be the other's. Both hold nothing.
+            return value.reshape(c.sizes)
         raise bad(f"holds shape {tuple(value.shape)}, the metadata says {c.sizes}")
     return value
 

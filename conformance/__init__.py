@@ -10,3 +10,14 @@ OPS = (
     "conformance.ops_fsdp",
     "conformance.ops_checkpoint",
 )
+# Operation modules of a peer implementation under test (its own package, its own venv): the
+# pools import them only when that implementation is selected, so the default suite never
+# needs the peer's package.
+PEER_OPS: dict[str, tuple[str, ...]] = {
+    "bytecheckpoint": ("conformance.ops_bytecheckpoint",),
+}
+
+
+def ops_for(impl: str) -> tuple[str, ...]:
+    """The operation modules the pools of a run against ``impl`` import."""
+    return OPS + PEER_OPS.get(impl, ())

@@ -370,6 +370,8 @@ def environment(impl: str, seed: int | None, profile: str, worlds: str) -> list[
             if version("fbgemm-gpu") == "not installed"
             else version("fbgemm-gpu"),
         ),
+        # a peer under test: its own release (its package is named as the implementation)
+        *([(impl, version(impl))] if impl not in ("shardspec", "torch", "broken") else []),
         ("python", platform.python_version()),
         ("platform", platform.platform()),
         ("backend", os.environ.get("SHARDSPEC_BACKEND", "gloo")),

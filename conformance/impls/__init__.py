@@ -1,8 +1,9 @@
 """Implementations under test, behind one adapter interface.
 
-``get_impl(name)`` returns the adapter: ``shardspec`` (ours), ``torch`` (upstream), or
+``get_impl(name)`` returns the adapter: ``shardspec`` (ours), ``torch`` (upstream),
 ``broken`` (test-only: ours with chunk offsets off by one on uneven dims, which the suite must
-catch). The suite picks one with ``SHARDSPEC_IMPL`` or ``pytest --impl``.
+catch), or a peer run in its own venv: ``bytecheckpoint`` (ByteCheckpoint 0.0.2, ``nox -s
+peers_bytecheckpoint``). The suite picks one with ``SHARDSPEC_IMPL`` or ``pytest --impl``.
 
 Every adapter method answers one question the spec settles. A method an implementation cannot
 answer raises :class:`Unsupported` with the reason; the suite reports that case as

@@ -384,6 +384,56 @@ def conformance_upstream(session: nox.Session) -> None:
     session.run(stack.python, "-m", "conformance.report", "--out", "conformance-report", *rest)
 
 
+# ByteCheckpoint under test. 0.0.2 pins torch<=2.5.0 (and grpcio==1.69.0, protobuf==3.20.3,
+# mmh3<=4.2.0): it is installed --no-deps beside the torch asked for, with its own imports at
+# the versions its metadata names.
+BYTECHECKPOINT = "0.0.2"
+BYTECHECKPOINT_DEPS = (
+    "mmh3>=4.1.0,<=4.2.0",
+    "universal-pathlib>=0.2.2,<=1.0.0",
+    "cachetools>=5.4.0,<=10.0.0",
+    "safetensors>=0.4.5,<=1.0.0",
+    "numpy",
+    "typing-extensions",
+    "grpcio==1.69.0",
+    "protobuf==3.20.3",
+)
+
+
+@nox.session(venv_backend="none")
+def peers_bytecheckpoint(session: nox.Session) -> None:
+    """The conformance suite against ByteCheckpoint 0.0.2 (SHARDSPEC_IMPL=bytecheckpoint) in
+    its own venv, `.nox/torch-<release>-bytecheckpoint-0.0.2` (torch 2.13.0 CPU by default,
+    the test tools, every package editable, ByteCheckpoint --no-deps); writes
+    conformance-report-bytecheckpoint/ (its divergences with their repros). Its saves are
+    held to 127.0.0.1 (conformance/bytecheckpoint_env.py)."""
+    torch_version, rest = split_args(session)
+    stack = Stack(session, torch_version)
+    # its own venv beside the shared ones: ByteCheckpoint's pinned grpcio and protobuf stay
+    # out of the venvs every other session uses
+    stack.location = ROOT / ".nox" / f"torch-{torch_version}-bytecheckpoint-{BYTECHECKPOINT}"
+    stack.bin = stack.location / "bin"
+    stack.python = str(stack.bin / "python")
+    stack.create()
+    stack.install(f"torch=={torch_version}")
+    stack.check_torch()
+    stack.install(*TEST_DEPS)
+    editable: list[str] = []
+    for pkg in packages():
+        editable += ["-e", str(pkg)]
+    stack.install(*editable)
+    stack.install(*BYTECHECKPOINT_DEPS)
+    stack.install("--no-deps", f"bytecheckpoint=={BYTECHECKPOINT}")
+    stack.check_torch()
+    session.env["SHARDSPEC_IMPL"] = "bytecheckpoint"
+    # a rank's first save starts ByteCheckpoint's coordinator and thread pools: give the pool
+    # a minute per example on this shared machine (a hang is still caught)
+    session.env["SHARDSPEC_POOL_TIMEOUT"] = os.environ.get("SHARDSPEC_POOL_TIMEOUT", "60")
+    out = "conformance-report-bytecheckpoint"
+    select = [] if "-m" in rest else ["-m", "not slow"]
+    session.run(stack.python, "-m", "conformance.report", "--out", out, *select, *rest)
+
+
 MATRIX_RELEASES = "2.13.0,2.14.1,2.15.0"
 
 

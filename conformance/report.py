@@ -40,7 +40,7 @@ from conformance.perf_probes import Probe, run_all as run_all_probes
 from conformance.report_draw import render_html
 from conformance.report_entries import Entry, build_entries
 from conformance.report_matrix import defect_verdict
-from conformance.repro_run import ReproResult, all_repros, read_defect, run_repro, shown_outcome
+from conformance.repro_run import ReproResult, read_defect, repros_of, run_repro, shown_outcome
 
 ROOT = Path(__file__).resolve().parent.parent
 RULE_HEADING = re.compile(r"^###\s+([A-Z][A-Z0-9]*-\d+)\s*[:—-]\s*(.+?)\s*$")
@@ -385,6 +385,8 @@ def environment(
             if version("fbgemm-gpu") == "not installed"
             else version("fbgemm-gpu"),
         ),
+        # a peer under test: its own release (its package is named as the implementation)
+        *([(impl, version(impl))] if impl not in ("shardspec", "torch", "broken") else []),
         ("python", platform.python_version()),
         ("platform", platform.platform()),
         ("backend", os.environ.get("SHARDSPEC_BACKEND", "gloo")),
@@ -396,7 +398,7 @@ def environment(
     ]
 
 
-def run_repros(rank_slots: int = 8) -> dict[str, ReproResult]:
+def run_repros(impl: str = "torch", rank_slots: int = 8) -> dict[str, ReproResult]:
     """Run every repro, several at once while their ranks fit in ``rank_slots`` processes
     (most of a repro's time is starting Python and importing torch on each rank)."""
     import threading
@@ -418,7 +420,7 @@ def run_repros(rank_slots: int = 8) -> dict[str, ReproResult]:
                 free.notify_all()
 
     # the widest first, so the narrow ones fill the gaps they leave
-    paths = sorted(all_repros(), key=lambda p: -int(read_defect(p)["nproc"]))
+    paths = sorted(repros_of(impl), key=lambda p: -int(read_defect(p)["nproc"]))
     results: dict[str, ReproResult] = {}
     with ThreadPoolExecutor(max_workers=rank_slots) as pool:
         for path, res in zip(paths, pool.map(run, paths)):
@@ -470,18 +472,17 @@ def main(argv: list[str] | None = None) -> int:
         )
     cases = list(collector.cases.values())
     print("running the standalone repros", flush=True)
-    results = {} if args.no_repros else run_repros()
+    results = {} if args.no_repros else run_repros(impl)
     print("running the performance probes", flush=True)
     probes = [] if args.no_probes or impl != "torch" else run_all_probes()
     seconds = time.monotonic() - t0
 
-    defects = [read_defect(p) for p in all_repros()]
-    for path in [*all_repros(), repro_run.REPROS / "README.md"]:
+    # the repros of this implementation's defects: torch's, or a peer's (DEFECT["impl"])
+    defects = [read_defect(p) for p in repros_of(impl)]
+    for path in [*repros_of(impl), repro_run.REPROS / "README.md"]:
         if path.exists():
             shutil.copy(path, out / "repro" / path.name)
-    entries = (
-        build_entries(cases, defects, results) if impl == "torch" else build_entries(cases, [], {})
-    )
+    entries = build_entries(cases, defects, results) if defects else build_entries(cases, [], {})
     from shardspec.testing.devices import local_worlds
 
     worlds = os.environ.get("SHARDSPEC_MAX_WORLD", "4")

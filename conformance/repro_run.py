@@ -69,6 +69,12 @@ def all_repros() -> list[Path]:
     return sorted(p for p in REPROS.glob("*.py") if not p.name.startswith("_"))
 
 
+def repros_of(impl: str) -> list[Path]:
+    """The repros of one implementation's defects: ``DEFECT["impl"]`` (default ``torch``;
+    a peer's, e.g. ``bytecheckpoint``, need its package and run in its session)."""
+    return [p for p in all_repros() if read_defect(p).get("impl", "torch") == impl]
+
+
 @dataclass
 class ReproResult:
     id: str

@@ -5,7 +5,9 @@ An adapter is a subclass of :class:`Impl` named ``package.module:Adapter`` (spec
 from any module importable by the driver and by the pool's ranks (they inherit the driver's
 ``sys.path``). The built-in adapters are names in :data:`BUILTINS` for the same form:
 ``shardspec`` (ours), ``torch`` (upstream) and ``broken`` (test-only: ours with chunk offsets
-off by one on uneven dims, which the suite must catch). ``get_impl(name)`` returns one.
+off by one on uneven dims, which the suite must catch), and the peers, each run in its own
+venv with its real package (``bytecheckpoint``: ``nox -s peers_bytecheckpoint``).
+``get_impl(name)`` returns one.
 
 Every adapter method answers one question the spec settles. A method an implementation cannot
 answer raises :class:`Unsupported` with the reason; the suite reports that case as
@@ -49,7 +51,7 @@ BUILTINS: dict[str, str] = {
     "broken": "conformance.impls.broken:BrokenImpl",
     # The peers, each run in its own virtualenv with its real package (DESIGN.md section 4):
     # "megatron": "conformance.impls.megatron:MegatronImpl",
-    # "bytecheckpoint": "conformance.impls.bytecheckpoint:ByteCheckpointImpl",
+    "bytecheckpoint": "conformance.impls.bytecheckpoint:ByteCheckpointImpl",
 }
 IMPLS = tuple(BUILTINS)
 _CACHE: dict[str, Impl] = {}

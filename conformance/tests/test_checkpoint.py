@@ -265,6 +265,16 @@ ROWS_TO_COLUMNS_BF16 = {
     r"fill|ValueError: Shards ShardMetadata\(.*shard_sizes=\[[\d, ]*\b0\b.*\) overlap)"
     r"|^rank\d+\.loaded[^=]*\.flat\[\d+\]=.*bytes differ\]",
 )
+@pytest.mark.known_defect(
+    "bytecheckpoint",
+    "its planner keeps DCP's offset-keyed dedup and plan check: an empty chunk at the offset "
+    "where another rank's chunk starts fails its save ('Failed to validate global plan'), or "
+    "on one rank loads one chunk's bytes for the other (repro "
+    "bytecheckpoint-empty-chunk-at-another-chunks-offset)",
+    raises=AssertionError,
+    match=r"(?s)raised in 'bytecheckpoint\.save'.*ValueError: Failed to validate global plan"
+    r"|^rank\d+\.loaded[^=]*\.flat\[\d+\]=.*bytes differ\]",
+)
 @pytest.mark.pool
 @given(round_trips())
 @example(EMPTY_CHUNK_DISPLACES_DATA)

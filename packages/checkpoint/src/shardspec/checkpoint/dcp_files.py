@@ -15,6 +15,10 @@ storage classes, dtypes, ``OrderedDict``); anything else, a compressed entry or 
 extra state (conjugate or negative bit, a subclass) is :class:`UnsupportedItem`: the caller
 reads it with ``torch.load`` instead. Bytes that cannot be what ``torch.save`` wrote raise
 :class:`DamagedItem`.
+
+ByteCheckpoint writes no archive: the item is the tensor's raw storage bytes, and the tensor's
+pickle sits in the metadata (``RawTensorStorage.tensor_pickle``). :func:`raw_tensor` reads that
+pickle with the same allow-list and places the storage at the item's first byte (CKPT-19).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ __all__ = [
     "SavedTensor",
     "UnsupportedItem",
     "locate_tensor",
+    "raw_tensor",
     "read_file_range",
 ]
 
@@ -133,6 +138,27 @@ def locate_tensor(read_at: ReadAt, length: int) -> SavedTensor:
     lo, hi = saved.element_span((0,) * len(size), size)
     if hi * itemsize > n or lo < 0:
         raise DamagedItem(f"a tensor of size {size} stride {stride} overruns its {n}-byte storage")
+    return saved
+
+
+def raw_tensor(tensor_pickle: bytes, length: int) -> SavedTensor:
+    """The tensor a ByteCheckpoint item of ``length`` raw storage bytes holds, as its pickle
+    (saved in the metadata) describes it: the storage starts at the item's first byte. Raises
+    :class:`UnsupportedItem` or :class:`DamagedItem` as :func:`locate_tensor` does."""
+    _key, dtype, itemsize, numel_bytes, storage_offset, size, stride = _parse_pickle(
+        bytes(tensor_pickle)
+    )
+    if numel_bytes != length:
+        raise DamagedItem(
+            f"the saved tensor's storage holds {numel_bytes} bytes, the metadata gives its "
+            f"item {length}"
+        )
+    saved = SavedTensor(dtype, size, stride, storage_offset, itemsize, 0, numel_bytes)
+    lo, hi = saved.element_span((0,) * len(size), size)
+    if hi * itemsize > numel_bytes or lo < 0:
+        raise DamagedItem(
+            f"a tensor of size {size} stride {stride} overruns its {numel_bytes}-byte storage"
+        )
     return saved
 
 

@@ -19,7 +19,12 @@ chunk once per read item and narrows it afterwards. This one, per rank and load:
   not know) through DCP's own ``read_data``, item by item;
 * raises :class:`CheckpointReadError` naming the file, the tensor and the chunk for a missing
   or truncated file or a chunk whose bytes do not match the metadata (CKPT-16). ``dcp.load``
-  gathers every rank's ``read_data`` outcome and raises on every rank when any failed.
+  gathers every rank's ``read_data`` outcome and raises on every rank when any failed;
+* reads a ByteCheckpoint checkpoint too (CKPT-19): when the ``.metadata`` file's top-level
+  class is ByteCheckpoint's (``dcp_metadata.metadata_format``), the metadata is read with the
+  restricted reader, and each tensor chunk is its raw storage bytes laid out as the tensor
+  pickle in the metadata says; its non-tensor values are ``torch.save`` archives, read by
+  DCP's own reader.
 """
 
 from __future__ import annotations
@@ -36,7 +41,12 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint.filesystem import FileSystemReader as _DcpFileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import (
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorStorageMetadata,
+)
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
@@ -46,8 +56,10 @@ from .dcp_files import (
     SavedTensor,
     UnsupportedItem,
     locate_tensor,
+    raw_tensor,
     read_file_range,
 )
+from .dcp_metadata import BYTECHECKPOINT, metadata_format, read_metadata
 
 __all__ = [
     "BYTES_PER_THREAD",
@@ -118,6 +130,7 @@ class _Chunk:
     offset: int
     length: int
     items: list[ReadItem]
+    raw: SavedTensor | None = None  # a ByteCheckpoint chunk: its raw storage's tensor
 
 
 class FileSystemReader(_DcpFileSystemReader):  # type: ignore[misc]
@@ -152,6 +165,18 @@ class FileSystemReader(_DcpFileSystemReader):  # type: ignore[misc]
         self.stats = ReadStats()
         self._md: Metadata | None = None
         self._kept: LoadPlan | None = None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """DCP's ``read_metadata``; a ByteCheckpoint ``.metadata`` (its top-level class says
+        so) is read with the restricted reader instead, which nothing of ByteCheckpoint's
+        needs (CKPT-19)."""
+        path = os.fspath(self._get_metadata_path(kwargs.get("rank")))
+        if os.path.isfile(path) and metadata_format(path) == BYTECHECKPOINT:
+            md = read_metadata(path)
+            md.storage_meta = StorageMeta()
+            md.storage_meta.load_id = self.load_id
+            return md
+        return super().read_metadata(*args, **kwargs)  # type: ignore[no-any-return]
 
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
@@ -195,7 +220,8 @@ class FileSystemReader(_DcpFileSystemReader):  # type: ignore[misc]
                     f"{tuple(req.storage_index.offset or ())}: the checkpoint's metadata has no "
                     f"storage entry for it"
                 )
-            if (
+            pickled = getattr(info, "tensor_pickle", None)
+            if pickled is None and (
                 req.type == LoadItemType.BYTE_IO
                 or getattr(info, "transform_descriptors", None)
                 or not isinstance(getattr(info, "relative_path", None), str)
@@ -207,6 +233,9 @@ class FileSystemReader(_DcpFileSystemReader):  # type: ignore[misc]
                 c = chunks[req.storage_index] = _Chunk(
                     req.storage_index, info.relative_path, info.offset, info.length, []
                 )
+                if pickled is not None:
+                    # ByteCheckpoint: raw storage bytes, which DCP's reader cannot read
+                    c.raw = self._raw_tensor(req.storage_index, info)
             c.items.append(req)
         by_file: dict[str, list[_Chunk]] = {}
         for c in chunks.values():
@@ -254,6 +283,15 @@ class FileSystemReader(_DcpFileSystemReader):  # type: ignore[misc]
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
+
+    def _raw_tensor(self, index: MetadataIndex, info: Any) -> SavedTensor:
+        try:
+            return raw_tensor(info.tensor_pickle, info.length)
+        except (DamagedItem, UnsupportedItem) as e:
+            full = str(self.fs.concat_path(self.path, info.relative_path))
+            raise CheckpointReadError(
+                _where(full, index, f"its saved tensor pickle cannot be read here: {e}")
+            ) from e
 
     def _read_through_dcp(self, req: ReadItem, planner: LoadPlanner) -> None:
         info = self.storage_data[req.storage_index]
@@ -356,7 +394,9 @@ def _run_task(state: _Shared, scratch: _Scratch, path: str, size: int, cs: list[
         for c in cs:
             try:
                 _read_chunk(state, scratch, fd, path, size, c)
-            except UnsupportedItem:
+            except UnsupportedItem as e:
+                if c.raw is not None:
+                    raise CheckpointReadError(_where(path, c.index, str(e))) from e
                 # Found before anything was copied: DCP's own path reads it instead.
                 with state.lock:
                     state.unsupported.append(c)
@@ -405,7 +445,12 @@ def _read_chunk(
         return mm, torch.frombuffer(mm, dtype=torch.uint8)[start - base :]
 
     whole: torch.Tensor | None = None
-    if c.length <= state.whole_item_bytes:
+    if c.raw is not None:
+        saved = c.raw  # raw storage bytes from the item's first byte (ByteCheckpoint)
+        if c.length <= state.whole_item_bytes:
+            whole = scratch.get(c.length)
+            pread(0, c.length, whole.numpy())
+    elif c.length <= state.whole_item_bytes:
         whole = scratch.get(c.length)
         pread(0, c.length, whole.numpy())
         saved = scratch.headers.locate(memoryview(whole.numpy()))  # type: ignore[arg-type]

@@ -40,6 +40,9 @@ class ChunkReport:
     stored_bytes: int | None
     # DCP's stream transforms (compression) applied to the stored bytes, in order
     transforms: tuple[str, ...] = ()
+    # ByteCheckpoint: the stored bytes are the tensor's raw storage and this is its pickle
+    # (from the metadata); None: they are a torch.save archive, as DCP writes (CKPT-19)
+    tensor_pickle: bytes | None = None
 
     @property
     def box(self) -> Box:
@@ -144,6 +147,7 @@ def tensor_reports(
                     int(info.offset) if info is not None else None,
                     int(info.length) if info is not None else None,
                     tuple(getattr(info, "transform_descriptors", None) or ()),
+                    getattr(info, "tensor_pickle", None),
                 )
             )
         shape = _as_saved(smd.size)

@@ -9,11 +9,17 @@ archive's CRC-32s (``torch.load`` does not check them, so a flipped bit in the t
 would load as a wrong value), then ``torch.load(weights_only=True)`` of that range alone, then
 the dtype and shape the metadata gives. Memory is one chunk at a time. Nothing is unpickled
 beyond what ``weights_only`` allows. torch is imported on first use.
+
+A ByteCheckpoint chunk (``ChunkReport.tensor_pickle`` set: the metadata says so) is the
+tensor's raw storage bytes instead: its pickle, read with an allow-list, gives dtype, size,
+stride and storage offset, and the byte range is viewed as that tensor (CKPT-19). Raw bytes
+carry no checksum, so a flipped bit there cannot be found.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import os
 import zipfile
 from collections.abc import Iterable
@@ -194,28 +200,65 @@ def read_saved_chunk(
         size = os.fstat(f.fileno()).st_size
         if size < end:
             raise bad(f"the file is truncated: {size} bytes, the chunk ends at byte {end}")
-        stream: IO[bytes] = io.BufferedReader(_FileSlice(f, c.file_offset, c.stored_bytes))
-        if c.transforms:
-            stream = _untransformed(stream, c.transforms, bad)
-        try:
-            with zipfile.ZipFile(stream) as z:
-                broken = z.testzip()
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
-            raise bad(f"not a readable torch.save archive ({e})") from None
-        if broken is not None:
-            raise bad(f"corrupted: record {broken!r} fails its CRC-32 check")
-        stream.seek(0)
-        try:
-            value = torch.load(stream, map_location="cpu", weights_only=True)
-        except Exception as e:  # torch raises RuntimeError, UnpicklingError, ...
-            raise bad(f"torch.load failed ({type(e).__name__}: {e})") from None
+        # the metadata says which: raw storage bytes (ByteCheckpoint) or a torch.save archive
+        read = _read_raw if c.tensor_pickle is not None else _read_archive
+        value = read(f, c, bad)
     if not isinstance(value, torch.Tensor):
         raise bad(f"holds a {type(value).__name__}, not a tensor")
     dtype = str(value.dtype).removeprefix("torch.")
     if dtype != tensor.dtype:
         raise bad(f"holds {dtype} data, the metadata says {tensor.dtype}")
     if tuple(value.shape) != c.sizes:
+        if value.numel() == 0 and math.prod(c.sizes) == 0:
+            # Two empty chunks may start at one offset (CKPT-1), and the storage entries are
+            # found by offset: such a chunk's entry may be the other's. Both hold nothing.
+            return value.reshape(c.sizes)
         raise bad(f"holds shape {tuple(value.shape)}, the metadata says {c.sizes}")
+    return value
+
+
+def _read_raw(f: IO[bytes], c: ChunkReport, bad: Any) -> Any:
+    """A ByteCheckpoint chunk: raw storage bytes, shaped by the tensor pickle the metadata
+    holds."""
+    import torch
+
+    from .dcp_files import DamagedItem, UnsupportedItem, raw_tensor
+
+    assert c.tensor_pickle is not None and c.file_offset is not None
+    assert c.stored_bytes is not None
+    try:
+        saved = raw_tensor(c.tensor_pickle, c.stored_bytes)
+    except (DamagedItem, UnsupportedItem) as e:
+        raise bad(f"its saved tensor pickle does not describe its bytes ({e})") from None
+    data = bytearray(c.stored_bytes)
+    f.seek(c.file_offset)
+    if f.readinto(data) != c.stored_bytes:  # type: ignore[attr-defined]
+        raise bad("the file is truncated")
+    raw = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    typed = raw.view(saved.dtype)
+    return typed.as_strided(saved.size, saved.stride, saved.storage_offset).clone()
+
+
+def _read_archive(f: IO[bytes], c: ChunkReport, bad: Any) -> Any:
+    """A DCP chunk: a torch.save archive, its CRC-32s checked, loaded with weights_only."""
+    import torch
+
+    assert c.file_offset is not None and c.stored_bytes is not None
+    stream: IO[bytes] = io.BufferedReader(_FileSlice(f, c.file_offset, c.stored_bytes))
+    if c.transforms:
+        stream = _untransformed(stream, c.transforms, bad)
+    try:
+        with zipfile.ZipFile(stream) as z:
+            broken = z.testzip()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        raise bad(f"not a readable torch.save archive ({e})") from None
+    if broken is not None:
+        raise bad(f"corrupted: record {broken!r} fails its CRC-32 check")
+    stream.seek(0)
+    try:
+        value = torch.load(stream, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises RuntimeError, UnpicklingError, ...
+        raise bad(f"torch.load failed ({type(e).__name__}: {e})") from None
     return value
 
 

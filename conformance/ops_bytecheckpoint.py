@@ -248,23 +248,23 @@ def _bits(t: Any) -> Any:
 
 def version_check(release: str) -> str | None:
     """What ByteCheckpoint 0.0.2's save says of torch ``release``: None when it accepts it,
-    else its refusal. Its check (``fsdp2_checkpointer.py``, the same in ``fsdp`` and ``ddp``)
-    runs on ``torch.__version__.strip()``, a plain ``str``; it is evaluated here on
-    ``release`` exactly as written there."""
-    import inspect
+    else its refusal. Its own ``FSDP2Checkpointer.save`` runs with ``torch.__version__`` set to
+    ``release`` and an empty state: its release check comes first, and an accepted release
+    stops at the next check ("Model is a must") before any I/O or collective."""
+    _bcp()
+    from bytecheckpoint.checkpointer.fsdp2_checkpointer import FSDP2Checkpointer
 
-    from bytecheckpoint.checkpointer import fsdp2_checkpointer
-
-    text = inspect.getsource(fsdp2_checkpointer.FSDP2Checkpointer.save)
-    expr = '"2.1.0" <= torch.__version__.strip() and torch.__version__.strip() < "2.6.0"'
-    if expr not in text:
-        return f"ByteCheckpoint's check is no longer {expr!r}"
-
-    class _Torch:
-        __version__ = release
-
-    ok = eval(expr, {"torch": _Torch})  # its own expression, on a literal release
-    return None if ok else "ByteCheckpoint now only support torch version from 2.1 to 2.5"
+    real = torch.__version__
+    torch.__version__ = release  # type: ignore[assignment]
+    try:
+        FSDP2Checkpointer.save("/nonexistent", {})
+    except AssertionError as e:
+        if "only support torch version" in str(e):
+            return str(e)
+        return None
+    finally:
+        torch.__version__ = real  # type: ignore[assignment]
+    return None
 
 
 def extra_state_world(rank: int, world: int, path: str) -> dict[str, Any]:

@@ -41,13 +41,16 @@ CPU_ONLY = pytest.mark.skipif(
 )
 
 # (saved under, on mesh) -> (loaded under, on mesh): fewer ranks, HSDP, no sharding, more
-# ranks (the last of the 3 output rows then has an empty shard), FSDP1 to one rank
+# ranks (the last of the 3 output rows then has an empty shard), FSDP1 to one rank, and a
+# replicated (HSDP) save
 MODEL_CASES = [
     ({"kind": "fsdp2", "mesh": [2]}, {"kind": "fsdp2", "mesh": [1]}),
     ({"kind": "fsdp2", "mesh": [2]}, {"kind": "fsdp2", "mesh": [2, 1]}),
     ({"kind": "fsdp2", "mesh": [2]}, {"kind": "plain", "mesh": [1]}),
     ({"kind": "fsdp2", "mesh": [2]}, {"kind": "fsdp2", "mesh": [4]}),
     ({"kind": "fsdp1", "mesh": [2]}, {"kind": "fsdp1", "mesh": [1]}),
+    # HSDP (replicate 2 x shard 1): every value saved by both ranks, written once
+    ({"kind": "fsdp2", "mesh": [2, 1]}, {"kind": "fsdp2", "mesh": [2]}),
 ]
 
 

@@ -144,16 +144,14 @@ def pools() -> Iterator[Callable[[int], Any]]:
     simulated = simulated_worlds()
 
     def get(world_size: int) -> Any:
-        from conformance import OPS
+        from conformance import ops_for
 
         if world_size in simulated:
-            return get_simulated_pool(world_size, ops=OPS)
+            return get_simulated_pool(world_size, ops=ops_for())
         reason = skip_reason(world_size)
         if reason is not None:
             pytest.skip(reason)
-        from conformance import OPS
-
-        return get_pool(world_size, ops=OPS)
+        return get_pool(world_size, ops=ops_for())
 
     yield get
     shutdown_pools()

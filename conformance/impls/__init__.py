@@ -1,8 +1,9 @@
 """Implementations under test, behind one adapter interface.
 
-``get_impl(name)`` returns the adapter: ``shardspec`` (ours), ``torch`` (upstream), or
+``get_impl(name)`` returns the adapter: ``shardspec`` (ours), ``torch`` (upstream),
 ``broken`` (test-only: ours with chunk offsets off by one on uneven dims, which the suite must
-catch). The suite picks one with ``SHARDSPEC_IMPL`` or ``pytest --impl``.
+catch), or ``megatron`` (the peer Megatron-Core, in its own venv: ``nox -s peers_megatron``).
+The suite picks one with ``SHARDSPEC_IMPL`` or ``pytest --impl``.
 
 Every adapter method answers one question the spec settles. A method an implementation cannot
 answer raises :class:`Unsupported` with the reason; the suite reports that case as
@@ -188,6 +189,98 @@ class Impl:
                 "DCP load", load_pool, "checkpoint.load", load_args,
                 per_rank_tensors=per_rank, example=example,
             )  # fmt: skip
+
+    # checkpoint files (CKPT-4, CKPT-16, CKPT-19: conformance/tests/test_checkpoint_files.py)
+    def checkpoint_grid_round_trip(
+        self,
+        save_pool: Any,
+        load_pool: Any,
+        parts: Sequence[int],
+        copies: int,
+        form: str,
+        tensor: Any,
+        load: dict[str, Any],
+        example: str,
+    ) -> list[Any]:
+        """:meth:`checkpoint_round_trip` of the grid of ``parts[d]`` chunks per dim (the chunk
+        rule), saved ``copies`` times (rank ``copy * cells + cell``), described in the
+        implementation's grid ``form`` (``rank_offsets`` or ``grid``: the peers' two ways;
+        an implementation that describes layouts by their boxes has one form)."""
+        if copies > 1:
+            raise self.unsupported(
+                "saving replicas of a ShardedTensor box (torch's ShardedTensor holds each box "
+                "once; replicated DTensors are loaded by test_checkpoint.py's round trips)"
+            )
+        from shardspec.metadata import Shard
+
+        from .checkpoint_files import grid_entries
+
+        shape = tuple(tensor.shape)
+        entries = grid_entries(shape, parts, copies)
+        saved = Layout(shape, [Shard(Box(e[1], e[2]), e[0]) for e in entries])
+        return self.checkpoint_round_trip(save_pool, load_pool, saved, tensor, load, example)
+
+    def checkpoint_save_outcomes(
+        self, pool: Any, saved: Layout, tensor: Any, path: str, example: str
+    ) -> dict[int, str]:
+        """Save ``saved`` (maybe invalid) of ``tensor`` to ``path`` on the pool's ranks with
+        the implementation's own save: per rank ``returned``, ``raised T: message`` or
+        ``still waiting in a collective ...`` (the pool restarted it)."""
+        from conformance.codec import layout_to_json
+        from shardspec.testing import RankError
+
+        from .checkpoint_files import split_refusal
+
+        args = {"path": path, "layout": layout_to_json(saved),
+                "dtype": str(tensor.dtype).removeprefix("torch.")}  # fmt: skip
+        inputs = [
+            [tensor[b.slices()].contiguous() for b in saved.boxes_of(r)]
+            for r in range(pool.world_size)
+        ]
+        try:
+            self._run_via("DCP save", pool, "checkpoint.save", args,
+                          per_rank_tensors=inputs, example=example)  # fmt: skip
+        except RankError as e:
+            return split_refusal(e, pool.world_size)
+        return {r: "returned" for r in range(pool.world_size)}
+
+    def checkpoint_load_outcomes(
+        self, pool: Any, path: str, layout: Layout, tensor: Any, example: str
+    ) -> dict[int, str]:
+        """Load the checkpoint at ``path`` (of ``tensor``, maybe damaged) into ``layout`` on
+        the pool's ranks with the implementation's own load: per rank as
+        :meth:`checkpoint_save_outcomes`."""
+        import torch
+
+        from conformance.codec import layout_to_json
+        from shardspec.testing import RankError
+
+        from .checkpoint_files import split_refusal
+
+        args = {"kind": "sharded", "layout": layout_to_json(layout), "path": path,
+                "dtype": str(tensor.dtype).removeprefix("torch."), "fill": 1,
+                "shape": list(tensor.shape)}  # fmt: skip
+        one = torch.ones((), dtype=tensor.dtype)
+        inputs = [
+            [one.expand(b.sizes).contiguous() for b in layout.boxes_of(r)]
+            for r in range(pool.world_size)
+        ]
+        try:
+            self._run_via("DCP load", pool, "checkpoint.load", args,
+                          per_rank_tensors=inputs, example=example)  # fmt: skip
+        except RankError as e:
+            return split_refusal(e, pool.world_size)
+        return {r: "returned" for r in range(pool.world_size)}
+
+    def peer_checkpoint(
+        self, pool: Any, saved: Layout, tensor: Any, path: str, example: str
+    ) -> None:
+        """A peer's own save of ``saved`` to ``path``, in DCP's file format, for shardspec's
+        tools to read (CKPT-19)."""
+        raise self.unsupported(
+            "a peer's checkpoint: this implementation writes DCP's own checkpoints, which "
+            "test_checkpoint.py's round trips load"
+        )
 
     # resharding (RESHARD-*)
     def reshard(
@@ -478,10 +571,14 @@ def _load(name: str) -> Impl:
         from .broken import BrokenImpl
 
         return BrokenImpl()
+    if name == "megatron":
+        from .megatron import MegatronImpl
+
+        return MegatronImpl()
     raise ValueError(f"unknown implementation {name!r}; choose one of {IMPLS}")
 
 
-IMPLS = ("shardspec", "torch", "broken")
+IMPLS = ("shardspec", "torch", "broken", "megatron")
 _CACHE: dict[str, Impl] = {}
 
 

@@ -6,8 +6,9 @@ callables the file names: an untrusted checkpoint could run code the moment it i
 allow-list: DCP's metadata dataclasses, DCP's save-plan dataclasses (a peer such as
 Megatron-Core stores every rank's ``SavePlan`` in the metadata), ``torch.Size``, torch's
 dtypes, the two helpers torch uses to pickle a tensor's layout and memory format, and
-``pathlib`` paths (the checkpoint id). Any other global is refused with :class:`RefusedGlobal`, which names it,
-before it is looked up. Only the metadata is read, never the data files.
+``pathlib`` paths (the checkpoint id). Any other global is refused with
+:class:`RefusedGlobal`, which names it, before it is looked up. Only the metadata is read,
+never the data files.
 """
 
 from __future__ import annotations

@@ -242,7 +242,7 @@ class Impl:
                           per_rank_tensors=inputs, example=example)  # fmt: skip
         except RankError as e:
             return split_refusal(e, pool.world_size)
-        return {r: "returned" for r in range(pool.world_size)}
+        return dict.fromkeys(range(pool.world_size), "returned")
 
     def checkpoint_load_outcomes(
         self, pool: Any, path: str, layout: Layout, tensor: Any, example: str
@@ -270,7 +270,7 @@ class Impl:
                           per_rank_tensors=inputs, example=example)  # fmt: skip
         except RankError as e:
             return split_refusal(e, pool.world_size)
-        return {r: "returned" for r in range(pool.world_size)}
+        return dict.fromkeys(range(pool.world_size), "returned")
 
     def peer_checkpoint(
         self, pool: Any, saved: Layout, tensor: Any, path: str, example: str

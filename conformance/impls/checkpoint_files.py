@@ -39,7 +39,7 @@ _ABORTED = re.compile(r"ranks \[([\d, ]+)\] stopped before the collective")
 def split_refusal(error: Any, world: int) -> dict[int, str]:
     """Per rank, what it did in a pool call that raised ``RankError``: ``raised T: message``,
     ``still waiting in a collective`` (the pool restarted it), or ``returned``."""
-    out = {r: "returned" for r in range(world)}
+    out = dict.fromkeys(range(world), "returned")
     for pattern, what in (
         (_WAITING, "still waiting in a collective until the pool killed it"),
         (_ABORTED, "stopped before the collective (another rank's check failed)"),

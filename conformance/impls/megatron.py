@@ -197,7 +197,7 @@ class MegatronImpl(Impl):
             self.save(pool, path, tuple(tensor.shape), entries_of(saved), tensor, example)
         except RankError as e:
             return split_refusal(e, pool.world_size)
-        return {r: "returned" for r in range(pool.world_size)}
+        return dict.fromkeys(range(pool.world_size), "returned")
 
     def checkpoint_load_outcomes(
         self, pool: Any, path: str, layout: Layout, tensor: Any, example: str
@@ -208,7 +208,7 @@ class MegatronImpl(Impl):
             self.load(pool, path, tuple(tensor.shape), entries_of(layout), tensor, example)
         except RankError as e:
             return split_refusal(e, pool.world_size)
-        return {r: "returned" for r in range(pool.world_size)}
+        return dict.fromkeys(range(pool.world_size), "returned")
 
     def peer_checkpoint(
         self, pool: Any, saved: Layout, tensor: Any, path: str, example: str

@@ -376,12 +376,25 @@ def environment(impl: str, seed: int | None, profile: str, worlds: str) -> list[
         ("world sizes", worlds),
         ("Hypothesis profile", profile),
         ("Hypothesis seed", "derandomized (reproducible)" if seed is None else str(seed)),
+        *_peer_header(impl, version),
         ("shardspec commit", commit or "unknown"),
         ("date", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())),
     ]
 
 
-def run_repros(rank_slots: int = 8) -> dict[str, ReproResult]:
+def _peer_header(impl: str, version: Any) -> list[tuple[str, str]]:
+    """A peer's release, and what the suite changes of it to run it here."""
+    if impl != "megatron":
+        return []
+    import torch
+
+    from shardspec.testing.peers import MEGATRON_CPU_PATCH
+
+    patched = "none (CUDA present)" if torch.cuda.is_available() else MEGATRON_CPU_PATCH
+    return [("megatron-core", version("megatron-core")), ("patched for CPU", patched)]
+
+
+def run_repros(rank_slots: int = 8, impl: str = "torch") -> dict[str, ReproResult]:
     """Run every repro, several at once while their ranks fit in ``rank_slots`` processes
     (most of a repro's time is starting Python and importing torch on each rank)."""
     import threading
@@ -403,7 +416,7 @@ def run_repros(rank_slots: int = 8) -> dict[str, ReproResult]:
                 free.notify_all()
 
     # the widest first, so the narrow ones fill the gaps they leave
-    paths = sorted(all_repros(), key=lambda p: -int(read_defect(p)["nproc"]))
+    paths = sorted(all_repros(impl), key=lambda p: -int(read_defect(p)["nproc"]))
     results: dict[str, ReproResult] = {}
     with ThreadPoolExecutor(max_workers=rank_slots) as pool:
         for path, res in zip(paths, pool.map(run, paths)):
@@ -451,18 +464,17 @@ def main(argv: list[str] | None = None) -> int:
         )
     cases = list(collector.cases.values())
     print("running the standalone repros", flush=True)
-    results = {} if args.no_repros else run_repros()
+    results = {} if args.no_repros else run_repros(impl=impl)
     print("running the performance probes", flush=True)
     probes = [] if args.no_probes or impl != "torch" else run_all_probes()
     seconds = time.monotonic() - t0
 
-    defects = [read_defect(p) for p in all_repros()]
-    for path in [*all_repros(), repro_run.REPROS / "README.md"]:
+    # the repros of the implementation's own defects: torch's, or a peer's (DEFECT["impl"])
+    defects = [read_defect(p) for p in all_repros(impl)]
+    for path in [*all_repros(impl), repro_run.REPROS / "README.md"]:
         if path.exists():
             shutil.copy(path, out / "repro" / path.name)
-    entries = (
-        build_entries(cases, defects, results) if impl == "torch" else build_entries(cases, [], {})
-    )
+    entries = build_entries(cases, defects, results)
     from shardspec.testing.devices import local_worlds
 
     worlds = os.environ.get("SHARDSPEC_MAX_WORLD", "4")
@@ -510,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"conformance report: {out}/report.md, report.html, report.json, repro/ ({seconds:.0f} s)"
     )
-    if missing and impl == "torch":
+    if missing:
         print(f"repros that did not reproduce: {', '.join(missing)}")
     ran = int(code) in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)
     return 0 if ran else int(code)

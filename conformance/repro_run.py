@@ -65,8 +65,12 @@ def read_defect(path: Path) -> dict[str, Any]:
     raise ValueError(f"{path}: no DEFECT = {{...}} literal")
 
 
-def all_repros() -> list[Path]:
-    return sorted(p for p in REPROS.glob("*.py") if not p.name.startswith("_"))
+def all_repros(impl: str | None = None) -> list[Path]:
+    """Every repro, or those of ``impl``'s defects (``DEFECT["impl"]``, default ``torch``)."""
+    found = sorted(p for p in REPROS.glob("*.py") if not p.name.startswith("_"))
+    return (
+        found if impl is None else [p for p in found if read_defect(p).get("impl", "torch") == impl]
+    )
 
 
 @dataclass

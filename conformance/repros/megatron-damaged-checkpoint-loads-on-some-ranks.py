@@ -88,7 +88,7 @@ def main() -> int:
     try:
         got = dist_checkpointing.load({"w": dst}, path)["w"]
         outcome = f"loaded {got.tolist()}"
-    except Exception as e:
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
         outcome = f"raised {type(e).__name__}: {str(e).strip().splitlines()[-1][:120]}"
     store.set(f"outcome{rank}", outcome)
     store.wait([f"outcome{1 - rank}"], timedelta(seconds=30))

@@ -101,7 +101,7 @@ def main() -> int:
     try:
         dist_checkpointing.save({"w": st}, path)
         outcome = "saved"
-    except Exception as e:
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
         outcome = f"raised {type(e).__name__}: {str(e).splitlines()[0][:120]}"
     watchdog.cancel()
     store.set(f"outcome{rank}", outcome)

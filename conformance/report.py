@@ -425,6 +425,17 @@ def run_repros(rank_slots: int = 8, impl: str = "torch") -> dict[str, ReproResul
     return results
 
 
+def _register_profiles() -> None:
+    """The Hypothesis profiles of the root conftest (``short``, ``thorough``, ``ci``), which
+    pytest loads only once the suite starts, registered now so that the header can read
+    the one asked for."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_shardspec_profiles", ROOT / "conftest.py")
+    if spec is not None and spec.loader is not None:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="conformance-report", help="the report's folder")
@@ -441,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
 
     impl = impl_name()
     profile = os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default")
+    _register_profiles()
     derandomized = bool(settings.get_profile(profile).derandomize)
     seed = None if derandomized else (args.seed or int.from_bytes(os.urandom(4), "little"))
     out = Path(args.out)

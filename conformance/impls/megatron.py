@@ -73,9 +73,28 @@ class MegatronImpl(Impl):
     def unsupported(self, what: str) -> Any:
         from . import Unsupported
 
-        if what.startswith(("saving ", "loading ", "the grid form", "a ")):
+        if what.startswith(("saving ", "loading ", "the grid form", "a ", "planning ")):
             return Unsupported(f"unsupported by {self.name}: {what}")
         return Unsupported(f"unsupported by {self.name}: {what} ({NOT_CHECKPOINTING})")
+
+    def checkpoint_accepts(self, shape: Sequence[int], chunks: Sequence[Box]) -> bool:
+        raise self.unsupported(
+            "a check of a saved tensor's chunks: Megatron's load reads whatever the metadata "
+            "lists (its gaps and overlaps show in the round trips and the damaged loads)"
+        )
+
+    def checkpoint_load(self, shape: Sequence[int], chunks: Sequence[Box], tensor: Any) -> Any:
+        raise self.unsupported(
+            "a load planner on an in-memory checkpoint: MCoreLoadPlanner plans for Megatron's "
+            "own ShardedTensor wrappers, which only dist_checkpointing.load builds (its loads "
+            "run end to end in the round trips)"
+        )
+
+    def checkpoint_reads(self, shape: Sequence[int], saved: Any, local: Any) -> Any:
+        raise self.unsupported(
+            "planning reads alone: Megatron plans with DCP's default planner inside its load "
+            "(its loads run end to end in the round trips)"
+        )
 
     def _run(self, pool: Any, op: str, args: dict[str, Any], inputs: Any, example: str) -> Any:
         """``pool.run`` of a Megatron operation. When some ranks raised and the others did not

@@ -203,9 +203,15 @@ class Impl:
         example: str,
     ) -> list[Any]:
         """:meth:`checkpoint_round_trip` of the grid of ``parts[d]`` chunks per dim (the chunk
-        rule), saved ``copies`` times (rank ``copy * cells + cell``), described in the
-        implementation's grid ``form`` (``rank_offsets`` or ``grid``: the peers' two ways;
-        an implementation that describes layouts by their boxes has one form)."""
+        rule), saved ``copies`` times (rank ``copy * cells + cell``), described in ``form``:
+        ``boxes`` (each rank's boxes), or the peers' grid forms ``rank_offsets`` and ``grid``
+        (Megatron's ``from_rank_offsets`` and ``axis_fragmentations``)."""
+        if form != "boxes":
+            raise self.unsupported(
+                f"the peers' grid form {form!r} (Megatron's from_rank_offsets, "
+                "axis_fragmentations): this implementation describes a layout by its boxes, "
+                "which the 'boxes' form runs"
+            )
         if copies > 1:
             raise self.unsupported(
                 "saving replicas of a ShardedTensor box (torch's ShardedTensor holds each box "

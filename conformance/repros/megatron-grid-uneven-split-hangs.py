@@ -59,7 +59,7 @@ uneven split or refuses it on every rank).""",
     "writes or enters a collective (CKPT-4)",
     "tests": [
         "test_checkpoint_files.py::"
-        "test_a_grid_saved_in_the_implementations_grid_form_loads_on_another_world"
+        "test_an_uneven_grid_saved_in_the_implementations_forms_loads_on_another_world"
     ],
 }
 

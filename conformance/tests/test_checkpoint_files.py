@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import example, given, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from conformance import reference
 from conformance.assertions import assert_equal, assert_tensor_bitwise, describe_layout, fail
@@ -44,6 +44,10 @@ from shardspec.metadata import Box, Layout, Shard
 from .test_checkpoint import _describe_load, _on_ranks, _one_per_box
 
 FORMS = ("boxes", "rank_offsets", "grid")
+# Each example is a save and a load on two pools (a peer's, seconds): a third of the profile's
+# examples, never fewer than 20 (or than the profile's own when it asks for fewer).
+_N = settings().max_examples
+FEWER = settings(max_examples=max(min(_N, 20), _N // 3))
 
 
 def _nonempty(layout: Layout) -> Layout:
@@ -123,6 +127,7 @@ def _grid_round_trip(impl: Impl, pools: Any, form: str, c: dict[str, Any]) -> No
 @pytest.mark.rule("CKPT-3", "CONF-1")
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.pool
+@FEWER
 @given(grid_cases(even=True))
 def test_an_even_grid_saved_in_the_implementations_forms_loads_on_another_world(
     impl: Impl, pools: Any, form: str, c: dict[str, Any]
@@ -167,6 +172,7 @@ FOUR_THREE = {"save_world": 2, "load_world": 1, "parts": [2], "copies": 1,
     ],
 )
 @pytest.mark.pool
+@FEWER
 @given(grid_cases(even=False))
 @example(FOUR_THREE)
 def test_an_uneven_grid_saved_in_the_implementations_forms_loads_on_another_world(
@@ -214,6 +220,7 @@ GAP = Layout((5,), [Shard(Box((0,), (2,)), 0), Shard(Box((3,), (2,)), 1)])
     match=r"^save\.outcome=\{0: 'raised \w+: .*', 1: 'still waiting in a collective",
 )
 @pytest.mark.pool
+@FEWER
 @given(st.builds(_in_world, perturbed_layouts(max_ranks=4)).filter(_gap_or_overlap), st.data())
 @example(GAP, None)
 def test_a_save_of_an_invalid_layout_is_refused_on_every_rank(
@@ -295,6 +302,7 @@ HALF_DAMAGED = {"save_world": 2, "load_world": 2,
     match=r"^load\.outcome=\{.*'returned'.*\}, but should be 'raised on every rank'",
 )
 @pytest.mark.pool
+@FEWER
 @given(damage_cases())
 @example(HALF_DAMAGED)
 def test_a_damaged_checkpoint_is_refused_on_every_rank(
@@ -350,6 +358,7 @@ EMPTIES_AT_ONE_OFFSET = {
 
 @pytest.mark.rule("CKPT-19", "CKPT-9", "CONF-1")
 @pytest.mark.pool
+@FEWER
 @given(peer_cases())
 @example(EMPTIES_AT_ONE_OFFSET)
 def test_a_peers_checkpoint_is_read_by_shardspecs_tools(

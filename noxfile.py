@@ -144,10 +144,17 @@ class Stack:
     installed as asked and checked to be the one that runs, then the test tools and every
     package, editable, with torch held at that release."""
 
-    def __init__(self, session: nox.Session, torch_version: str, torchrec: str | None = None):
+    def __init__(
+        self,
+        session: nox.Session,
+        torch_version: str,
+        torchrec: str | None = None,
+        peer: str | None = None,
+    ):
         self.session = session
         self.torch_version = torch_version
         name = f"torch-{torch_version}" + (f"-torchrec-{torchrec}" if torchrec else "")
+        name += f"-{peer}" if peer else ""
         self.location = ROOT / ".nox" / name
         self.bin = self.location / "bin"
         self.python = str(self.bin / "python")
@@ -180,12 +187,15 @@ class Stack:
         return found
 
 
-def install_stack(session: nox.Session, *extra: str, torchrec: bool = False) -> Stack:
+def install_stack(
+    session: nox.Session, *extra: str, torchrec: bool = False, peer: str | None = None
+) -> Stack:
     """The session's shared virtualenv with torch (the release asked for), the test tools,
-    ``extra`` and every package, editable; TorchRec too when asked."""
+    ``extra`` and every package, editable; TorchRec too when asked. A ``peer`` (``megatron-
+    0.19.2``) gets a venv of its own, its package installed by the session."""
     torch_version, _ = split_args(session)
     trec = torchrec_release(session, torch_version) if torchrec else None
-    stack = Stack(session, torch_version, trec[0] if trec else None)
+    stack = Stack(session, torch_version, trec[0] if trec else None, peer)
     stack.create()
     # torch first and alone: with the pin satisfied, nothing later can pull another build.
     stack.install(f"torch=={torch_version}")
@@ -432,6 +442,49 @@ def peers_bytecheckpoint(session: nox.Session) -> None:
     out = "conformance-report-bytecheckpoint"
     select = [] if "-m" in rest else ["-m", "not slow"]
     session.run(stack.python, "-m", "conformance.report", "--out", out, *select, *rest)
+
+
+MEGATRON_RELEASE = "0.19.2"
+# What Megatron-Core needs at run time beside torch, pinned: numpy and packaging (its own
+# requirements), triton (imported when megatron.core is), psutil (its save).
+MEGATRON_DEPS = ("numpy==2.4.6", "packaging==26.4", "triton==3.6.0", "psutil==7.2.2")
+
+
+@nox.session(venv_backend="none")
+def peers_megatron(session: nox.Session) -> None:
+    """Megatron-Core's dist_checkpointing under the conformance suite, in its own venv
+    (`.nox/torch-<release>-megatron-0.19.2`): writes conformance-report-megatron/, after
+    writing a fresh Megatron checkpoint and reading it with shardspec's tools."""
+    stack = install_stack(session, *MEGATRON_DEPS, peer=f"megatron-{MEGATRON_RELEASE}")
+    _, rest = split_args(session)
+    # Its only wheel (cp311) declares Requires-Python >= 3.12; it runs on 3.11. --no-deps:
+    # its requirements are the pins above (and torch, held at the release asked for).
+    wheels = Path(session.create_tmp()) / "megatron-wheel"
+    shutil.rmtree(wheels, ignore_errors=True)
+    session.run(
+        stack.python, "-m", "pip", "download", "--quiet", f"megatron-core=={MEGATRON_RELEASE}",
+        "--no-deps", "--ignore-requires-python", "-d", str(wheels),
+    )  # fmt: skip
+    stack.install("--no-deps", "--ignore-requires-python", *map(str, wheels.glob("*.whl")))
+    stack.check_torch()
+    # The committed Megatron checkpoint's writer, rerun with the real package; the package
+    # tests read both (CKPT-21).
+    fresh = Path(session.create_tmp()) / "megatron-checkpoint"
+    shutil.rmtree(fresh, ignore_errors=True)
+    session.run(
+        stack.python, "packages/checkpoint/tests/peer_checkpoints.py", "megatron", str(fresh)
+    )
+    session.env["SHARDSPEC_MEGATRON_CHECKPOINT"] = str(fresh)
+    run_pytest(stack, "packages/checkpoint/tests/test_peer_checkpoints.py")
+    session.env["SHARDSPEC_IMPL"] = "megatron"
+    # Every Megatron save or load that fails on some ranks restarts a pool, whose ranks import
+    # Megatron again (seconds each): a few derandomized examples per property; the known
+    # defects are explicit examples, so they show every run.
+    session.env["HYPOTHESIS_PROFILE"] = os.environ.get("HYPOTHESIS_PROFILE", "short")
+    session.env["SHARDSPEC_EXAMPLES"] = os.environ.get("SHARDSPEC_EXAMPLES", "10")
+    session.run(
+        stack.python, "-m", "conformance.report", "--out", "conformance-report-megatron", *rest
+    )
 
 
 MATRIX_RELEASES = "2.13.0,2.14.1,2.15.0"

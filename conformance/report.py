@@ -40,7 +40,13 @@ from conformance.perf_probes import Probe, run_all as run_all_probes
 from conformance.report_draw import render_html
 from conformance.report_entries import Entry, build_entries
 from conformance.report_matrix import defect_verdict
-from conformance.repro_run import ReproResult, read_defect, repros_of, run_repro, shown_outcome
+from conformance.repro_run import (
+    ReproResult,
+    all_repros,
+    read_defect,
+    run_repro,
+    shown_outcome,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 RULE_HEADING = re.compile(r"^###\s+([A-Z][A-Z0-9]*-\d+)\s*[:—-]\s*(.+?)\s*$")
@@ -386,19 +392,36 @@ def environment(
             else version("fbgemm-gpu"),
         ),
         # a peer under test: its own release (its package is named as the implementation)
-        *([(impl, version(impl))] if impl not in ("shardspec", "torch", "broken") else []),
+        *(
+            [(impl, version(impl))]
+            if impl not in ("shardspec", "torch", "broken", "megatron")
+            else []
+        ),
         ("python", platform.python_version()),
         ("platform", platform.platform()),
         ("backend", os.environ.get("SHARDSPEC_BACKEND", "gloo")),
         ("world sizes", worlds),
         ("Hypothesis profile", profile),
         ("Hypothesis seed", "derandomized (reproducible)" if seed is None else str(seed)),
+        *_peer_header(impl, version),
         ("shardspec commit", commit or "unknown"),
         ("date", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())),
     ]
 
 
-def run_repros(impl: str = "torch", rank_slots: int = 8) -> dict[str, ReproResult]:
+def _peer_header(impl: str, version: Any) -> list[tuple[str, str]]:
+    """A peer's release, and what the suite changes of it to run it here."""
+    if impl != "megatron":
+        return []
+    import torch
+
+    from shardspec.testing.peers import MEGATRON_CPU_PATCH
+
+    patched = "none (CUDA present)" if torch.cuda.is_available() else MEGATRON_CPU_PATCH
+    return [("megatron-core", version("megatron-core")), ("patched for CPU", patched)]
+
+
+def run_repros(rank_slots: int = 8, impl: str = "torch") -> dict[str, ReproResult]:
     """Run every repro, several at once while their ranks fit in ``rank_slots`` processes
     (most of a repro's time is starting Python and importing torch on each rank)."""
     import threading
@@ -420,13 +443,24 @@ def run_repros(impl: str = "torch", rank_slots: int = 8) -> dict[str, ReproResul
                 free.notify_all()
 
     # the widest first, so the narrow ones fill the gaps they leave
-    paths = sorted(repros_of(impl), key=lambda p: -int(read_defect(p)["nproc"]))
+    paths = sorted(all_repros(impl), key=lambda p: -int(read_defect(p)["nproc"]))
     results: dict[str, ReproResult] = {}
     with ThreadPoolExecutor(max_workers=rank_slots) as pool:
         for path, res in zip(paths, pool.map(run, paths)):
             results[path.stem] = res
             print(f"repro {res.id}: {shown_outcome(path, res)} ({res.seconds:.0f} s)", flush=True)
     return results
+
+
+def _register_profiles() -> None:
+    """The Hypothesis profiles of the root conftest (``short``, ``thorough``, ``ci``), which
+    pytest loads only once the suite starts, registered now so that the header can read
+    the one asked for."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_shardspec_profiles", ROOT / "conftest.py")
+    if spec is not None and spec.loader is not None:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -449,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     impl = adapter.name  # "torch" for SHARDSPEC_IMPL=torch or its "module:Class" form
     profile = os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default")
+    _register_profiles()
     derandomized = bool(settings.get_profile(profile).derandomize)
     seed = None if derandomized else (args.seed or int.from_bytes(os.urandom(4), "little"))
     out = Path(args.out)
@@ -472,17 +507,17 @@ def main(argv: list[str] | None = None) -> int:
         )
     cases = list(collector.cases.values())
     print("running the standalone repros", flush=True)
-    results = {} if args.no_repros else run_repros(impl)
+    results = {} if args.no_repros else run_repros(impl=impl)
     print("running the performance probes", flush=True)
     probes = [] if args.no_probes or impl != "torch" else run_all_probes()
     seconds = time.monotonic() - t0
 
-    # the repros of this implementation's defects: torch's, or a peer's (DEFECT["impl"])
-    defects = [read_defect(p) for p in repros_of(impl)]
-    for path in [*repros_of(impl), repro_run.REPROS / "README.md"]:
+    # the repros of the implementation's own defects: torch's, or a peer's (DEFECT["impl"])
+    defects = [read_defect(p) for p in all_repros(impl)]
+    for path in [*all_repros(impl), repro_run.REPROS / "README.md"]:
         if path.exists():
             shutil.copy(path, out / "repro" / path.name)
-    entries = build_entries(cases, defects, results) if defects else build_entries(cases, [], {})
+    entries = build_entries(cases, defects, results)
     from shardspec.testing.devices import local_worlds
 
     worlds = os.environ.get("SHARDSPEC_MAX_WORLD", "4")
@@ -531,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"conformance report: {out}/report.md, report.html, report.json, repro/ ({seconds:.0f} s)"
     )
-    if missing and impl == "torch":
+    if missing:
         print(f"repros that did not reproduce: {', '.join(missing)}")
     ran = int(code) in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)
     return 0 if ran else int(code)

@@ -65,14 +65,13 @@ def read_defect(path: Path) -> dict[str, Any]:
     raise ValueError(f"{path}: no DEFECT = {{...}} literal")
 
 
-def all_repros() -> list[Path]:
-    return sorted(p for p in REPROS.glob("*.py") if not p.name.startswith("_"))
-
-
-def repros_of(impl: str) -> list[Path]:
-    """The repros of one implementation's defects: ``DEFECT["impl"]`` (default ``torch``;
-    a peer's, e.g. ``bytecheckpoint``, need its package and run in its session)."""
-    return [p for p in all_repros() if read_defect(p).get("impl", "torch") == impl]
+def all_repros(impl: str | None = None) -> list[Path]:
+    """Every repro, or those of ``impl``'s defects (``DEFECT["impl"]``, default ``torch``; a
+    peer's, e.g. ``bytecheckpoint``, need its package and run in its session)."""
+    found = sorted(p for p in REPROS.glob("*.py") if not p.name.startswith("_"))
+    return (
+        found if impl is None else [p for p in found if read_defect(p).get("impl", "torch") == impl]
+    )
 
 
 @dataclass

@@ -6,7 +6,8 @@ from any module importable by the driver and by the pool's ranks (they inherit t
 ``sys.path``). The built-in adapters are names in :data:`BUILTINS` for the same form:
 ``shardspec`` (ours), ``torch`` (upstream) and ``broken`` (test-only: ours with chunk offsets
 off by one on uneven dims, which the suite must catch), and the peers, each run in its own
-venv with its real package (``bytecheckpoint``: ``nox -s peers_bytecheckpoint``).
+venv with its real package (``bytecheckpoint``: ``nox -s peers_bytecheckpoint``;
+``megatron``: ``nox -s peers_megatron``).
 ``get_impl(name)`` returns one.
 
 Every adapter method answers one question the spec settles. A method an implementation cannot
@@ -50,7 +51,7 @@ BUILTINS: dict[str, str] = {
     "torch": "conformance.impls.upstream:TorchImpl",
     "broken": "conformance.impls.broken:BrokenImpl",
     # The peers, each run in its own virtualenv with its real package (DESIGN.md section 4):
-    # "megatron": "conformance.impls.megatron:MegatronImpl",
+    "megatron": "conformance.impls.megatron:MegatronImpl",
     "bytecheckpoint": "conformance.impls.bytecheckpoint:ByteCheckpointImpl",
 }
 IMPLS = tuple(BUILTINS)

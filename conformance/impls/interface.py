@@ -298,6 +298,108 @@ class Impl:
         the committed one), each a directory of ``model/`` and ``optimizer/``."""
         raise self.unsupported("a checkpoint of its own format in packages/checkpoint/tests/data")
 
+    # checkpoint files (CKPT-4, CKPT-16, CKPT-21: conformance/tests/test_checkpoint_files.py)
+    def checkpoint_grid_round_trip(
+        self,
+        save_pool: Any,
+        load_pool: Any,
+        parts: Sequence[int],
+        copies: int,
+        form: str,
+        tensor: Any,
+        load: dict[str, Any],
+        example: str,
+    ) -> list[Any]:
+        """:meth:`checkpoint_round_trip` of the grid of ``parts[d]`` chunks per dim (the chunk
+        rule), saved ``copies`` times (rank ``copy * cells + cell``), described in ``form``:
+        ``boxes`` (each rank's boxes), or the peers' grid forms ``rank_offsets`` and ``grid``
+        (Megatron's ``from_rank_offsets`` and ``axis_fragmentations``)."""
+        if form != "boxes":
+            raise self.unsupported(
+                f"the peers' grid form {form!r} (Megatron's from_rank_offsets, "
+                "axis_fragmentations): this implementation describes a layout by its boxes, "
+                "which the 'boxes' form runs"
+            )
+        if copies > 1:
+            raise self.unsupported(
+                "saving replicas of a ShardedTensor box (torch's ShardedTensor holds each box "
+                "once; replicated DTensors are loaded by test_checkpoint.py's round trips)"
+            )
+        from shardspec.metadata import Shard
+
+        from .checkpoint_files import grid_entries
+
+        shape = tuple(tensor.shape)
+        # identical (empty) cells once: torch's ShardedTensor calls two of them an overlap
+        # (validation-identical-empty-boxes-need-a-third); either holds nothing
+        first: dict[Box, list[Any]] = {}
+        for e in grid_entries(shape, parts, copies):
+            first.setdefault(Box(e[1], e[2]), e)
+        saved = Layout(shape, [Shard(b, e[0]) for b, e in first.items()])
+        return self.checkpoint_round_trip(save_pool, load_pool, saved, tensor, load, example)
+
+    def checkpoint_save_outcomes(
+        self, pool: Any, saved: Layout, tensor: Any, path: str, example: str
+    ) -> dict[int, str]:
+        """Save ``saved`` (maybe invalid) of ``tensor`` to ``path`` on the pool's ranks with
+        the implementation's own save: per rank ``returned``, ``raised T: message`` or
+        ``still waiting in a collective ...`` (the pool restarted it)."""
+        from conformance.codec import layout_to_json
+        from shardspec.testing import RankError
+
+        from .checkpoint_files import split_refusal
+
+        args = {"path": path, "layout": layout_to_json(saved),
+                "dtype": str(tensor.dtype).removeprefix("torch.")}  # fmt: skip
+        inputs = [
+            [tensor[b.slices()].contiguous() for b in saved.boxes_of(r)]
+            for r in range(pool.world_size)
+        ]
+        try:
+            self._run_via("DCP save", pool, "checkpoint.save", args,
+                          per_rank_tensors=inputs, example=example)  # fmt: skip
+        except RankError as e:
+            return split_refusal(e, pool.world_size)
+        return dict.fromkeys(range(pool.world_size), "returned")
+
+    def checkpoint_load_outcomes(
+        self, pool: Any, path: str, layout: Layout, tensor: Any, example: str
+    ) -> dict[int, str]:
+        """Load the checkpoint at ``path`` (of ``tensor``, maybe damaged) into ``layout`` on
+        the pool's ranks with the implementation's own load: per rank as
+        :meth:`checkpoint_save_outcomes`."""
+        import torch
+
+        from conformance.codec import layout_to_json
+        from shardspec.testing import RankError
+
+        from .checkpoint_files import split_refusal
+
+        args = {"kind": "sharded", "layout": layout_to_json(layout), "path": path,
+                "dtype": str(tensor.dtype).removeprefix("torch."), "fill": 1,
+                "shape": list(tensor.shape)}  # fmt: skip
+        one = torch.ones((), dtype=tensor.dtype)
+        inputs = [
+            [one.expand(b.sizes).contiguous() for b in layout.boxes_of(r)]
+            for r in range(pool.world_size)
+        ]
+        try:
+            self._run_via("DCP load", pool, "checkpoint.load", args,
+                          per_rank_tensors=inputs, example=example)  # fmt: skip
+        except RankError as e:
+            return split_refusal(e, pool.world_size)
+        return dict.fromkeys(range(pool.world_size), "returned")
+
+    def peer_checkpoint(
+        self, pool: Any, saved: Layout, tensor: Any, path: str, example: str
+    ) -> None:
+        """A peer's own save of ``saved`` to ``path``, in DCP's file format, for shardspec's
+        tools to read (CKPT-21)."""
+        raise self.unsupported(
+            "a peer's checkpoint: this implementation writes DCP's own checkpoints, which "
+            "test_checkpoint.py's round trips load"
+        )
+
     # resharding (RESHARD-*)
     def reshard(
         self,

@@ -275,6 +275,14 @@ ROWS_TO_COLUMNS_BF16 = {
     match=r"(?s)raised in 'bytecheckpoint\.save'.*ValueError: Failed to validate global plan"
     r"|^rank\d+\.loaded[^=]*\.flat\[\d+\]=.*bytes differ\]",
 )
+@pytest.mark.known_defect(
+    "megatron",
+    "the same DCP dedup, under Megatron's save: torch's global-plan check refuses the plan on "
+    "rank 0 only, and the other ranks wait in a collective",
+    raises=AssertionError,
+    match=r"^megatron\.save: rank 0 raised ValueError: Failed to validate global plan: .*"
+    r"invalid fill.*; rank \d still waiting in a collective",
+)
 @pytest.mark.pool
 @given(round_trips())
 @example(EMPTY_CHUNK_DISPLACES_DATA)

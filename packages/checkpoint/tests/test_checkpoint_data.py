@@ -198,6 +198,14 @@ def test_verify_passes_chunked_tensors_of_every_dtype(
         chunk_layout((2, 3), 0, [0, 1, 2, 3]),  # two empty chunks at offset 2
         values((2, 3), torch.float32, 9),
     )
+    # two empty chunks of different shapes at one offset share one stored archive (DCP files
+    # chunks by offset): either holds nothing, so each passes (found on a Megatron checkpoint)
+    tensors["empty_at_one_offset"] = (
+        Layout(
+            (0, 1, 0), [Shard(Box((0, 0, 0), (0, 0, 0)), 0), Shard(Box((0, 0, 0), (0, 1, 0)), 1)]
+        ),
+        torch.zeros((0, 1, 0)),
+    )
     ck = write_data_checkpoint(tmp_path / "ck", tensors)
     rc, out, _ = run(["verify", str(ck), "--json"], capsys)
     doc = json.loads(out)

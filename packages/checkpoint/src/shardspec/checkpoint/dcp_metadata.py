@@ -3,10 +3,12 @@
 DCP writes the checkpoint's ``Metadata`` with :mod:`pickle`, and unpickling runs whatever
 callables the file names: an untrusted checkpoint could run code the moment it is opened.
 :func:`read_metadata` unpickles with :meth:`pickle.Unpickler.find_class` restricted to an
-allow-list: DCP's metadata dataclasses, ``torch.Size``, torch's dtypes, the two helpers
-torch uses to pickle a tensor's layout and memory format, and ``pathlib`` paths (the
-checkpoint id). Any other global is refused with :class:`RefusedGlobal`, which names it,
-before it is looked up. Only the metadata is read, never the data files.
+allow-list: DCP's metadata dataclasses, DCP's save-plan dataclasses (a peer such as
+Megatron-Core stores every rank's ``SavePlan`` in the metadata), ``torch.Size``, torch's
+dtypes, the two helpers torch uses to pickle a tensor's layout and memory format, and
+``pathlib`` paths (the checkpoint id). Any other global is refused with
+:class:`RefusedGlobal`, which names it, before it is looked up. Only the metadata is read,
+never the data files.
 
 ByteCheckpoint (``bytecheckpoint`` 0.0.2) writes the same kind of file with two classes of its
 own in place of DCP's: ``bytecheckpoint.checkpointer.meta_type.Metadata`` (DCP's fields plus
@@ -91,6 +93,12 @@ _ALLOWED: dict[str, frozenset[str]] = {
             "StorageMeta",
             "_MEM_FORMAT_ENCODING",
         }
+    ),
+    # DCP's save plans: Megatron-Core's torch_dist backend keeps every rank's SavePlan in the
+    # Metadata (``all_local_plans``). Frozen dataclasses of plain fields and one Enum, whose
+    # unpickling runs no code of theirs.
+    "torch.distributed.checkpoint.planner": frozenset(
+        {"SavePlan", "WriteItem", "WriteItemType", "TensorWriteData", "BytesIOWriteData"}
     ),
     "torch.distributed.checkpoint.filesystem": frozenset({"_StorageInfo"}),
     "torch.serialization": frozenset({"_get_layout"}),

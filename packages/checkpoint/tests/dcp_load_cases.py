@@ -82,11 +82,14 @@ def load(
     entries: list[tuple[Entry, tuple[Any, ...]]],
     planner: str,
 ) -> dict[str, Any]:
-    """Load with ``planner`` ("ours" or "default"); return the failures and what was read."""
+    """Load with ``planner``: "ours" or "default" (``dcp.load`` with our planner or DCP's), or
+    "load-own", "load-once", "load-auto" (``shardspec.checkpoint.load`` with that ``reads``);
+    return the failures and what was read."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner
 
     from shardspec.checkpoint.dcp import LoadPlanner
+    from shardspec.checkpoint.load import load as collective_load
 
     sd: dict[str, Any] = {}
     fulls: dict[str, torch.Tensor] = {}
@@ -94,9 +97,15 @@ def load(
         fulls[name] = full_tensor(name, shape, dt)
         sd[name] = _build(fulls[name], how, zero=True)
     sd["step"] = {"epoch": 0, "note": ""}
-    dcp.load(
-        sd, checkpoint_id=path, planner=LoadPlanner() if planner == "ours" else DefaultLoadPlanner()
-    )
+    stats = None
+    if planner.startswith("load-"):
+        stats = collective_load(sd, path, reads=planner[len("load-") :])
+    else:
+        dcp.load(
+            sd,
+            checkpoint_id=path,
+            planner=LoadPlanner() if planner == "ours" else DefaultLoadPlanner(),
+        )
     failures: list[str] = []
     for (name, _, _), how in entries:
         got = _locals(sd[name])
@@ -109,7 +118,11 @@ def load(
                 failures.append(f"rank {rank} {name}[{i}] ({planner}): loaded bytes differ")
     if sd["step"] != {"epoch": 3, "note": "not a tensor"}:
         failures.append(f"rank {rank}: the non-tensor value loaded as {sd['step']!r}")
-    return {"failures": failures, "bytes": {n: [t.numel() for t in _locals(sd[n])] for n in fulls}}
+    return {
+        "failures": failures,
+        "bytes": {n: [t.numel() for t in _locals(sd[n])] for n in fulls},
+        "stats": None if stats is None else vars(stats),
+    }
 
 
 def load_expecting_error(rank: int, world: int, path: str, entries: list[Any]) -> str:
@@ -131,4 +144,38 @@ def load_expecting_error(rank: int, world: int, path: str, entries: list[Any]) -
         found = chunk_error(e)
         ours = f"{found.kind} {found.fqn!r}" if found is not None else None
         return f"{type(e).__name__}: {e} | untouched={untouched} | chunk_error={ours}"
+    return "no error"
+
+
+def load_failing(
+    rank: int,
+    world: int,
+    path: str,
+    entries: list[tuple[Entry, tuple[Any, ...]]],
+    reads: str,
+    tweak: str = "",
+) -> str:
+    """``shardspec.checkpoint.load`` expected to fail; ``tweak`` spoils rank 1's state dict
+    ("shape", "dtype", "key", "kind") or every rank's ("missing"). Returns what this rank
+    raised (type and message) or "no error"."""
+    from shardspec.checkpoint.load import load as collective_load
+
+    sd: dict[str, Any] = {}
+    for (name, shape, dt), how in entries:
+        sd[name] = _build(full_tensor(name, shape, dt), how, zero=True)
+    first = entries[0][0][0]
+    if tweak == "missing":
+        sd["not.saved"] = torch.zeros(2)
+    elif rank == 1 and tweak == "shape":
+        sd[first] = torch.zeros(1, 1)
+    elif rank == 1 and tweak == "dtype":
+        sd[first] = sd[first].to(torch.complex128)
+    elif rank == 1 and tweak == "key":
+        sd["not.saved"] = torch.zeros(2)
+    elif rank == 1 and tweak == "kind":
+        sd[first] = 7
+    try:
+        collective_load(sd, path, reads=reads)
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
     return "no error"

@@ -181,18 +181,29 @@ def metadata_format(path: str | Path) -> str:
 def read_metadata(path: str | Path) -> Metadata:
     """The checkpoint's ``Metadata``, read with the restricted unpickler (a ByteCheckpoint
     metadata file as DCP's ``Metadata`` whose storage entries are :class:`RawTensorStorage`)."""
-    from torch.distributed.checkpoint.metadata import Metadata
-
     p = metadata_path(path)
     with open(p, "rb") as f:
-        try:
-            md = _MetadataUnpickler(f, str(p)).load()  # type: ignore[arg-type]
-        except RefusedGlobal:
-            raise
-        except Exception as e:
-            raise pickle.UnpicklingError(
-                f"{p}: not a readable DCP metadata file ({type(e).__name__}: {e})"
-            ) from e
+        return _parse(f, p)  # type: ignore[arg-type]
+
+
+def metadata_from_bytes(data: bytes, path: str | Path) -> Metadata:
+    """:func:`read_metadata` of a ``.metadata`` file's bytes, read elsewhere (one rank of a
+    collective load reads the file and sends its bytes to the others); ``path`` names it in
+    errors."""
+    return _parse(io.BytesIO(data), Path(path))
+
+
+def _parse(f: io.BufferedIOBase, p: Path) -> Metadata:
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    try:
+        md = _MetadataUnpickler(f, str(p)).load()
+    except RefusedGlobal:
+        raise
+    except Exception as e:
+        raise pickle.UnpicklingError(
+            f"{p}: not a readable DCP metadata file ({type(e).__name__}: {e})"
+        ) from e
     if isinstance(md, _ByteCheckpointMetadata):
         md = _from_bytecheckpoint(md, p)
     if not isinstance(md, Metadata):

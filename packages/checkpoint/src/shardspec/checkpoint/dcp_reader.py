@@ -221,7 +221,9 @@ class FileSystemReader(_DcpFileSystemReader):  # type: ignore[misc]
                     f"storage entry for it"
                 )
             pickled = getattr(info, "tensor_pickle", None)
-            if pickled is None and (
+            # A storage entry that describes its raw bytes itself (a safetensors tensor).
+            described = getattr(info, "saved_tensor", None)
+            if pickled is None and described is None and (
                 req.type == LoadItemType.BYTE_IO
                 or getattr(info, "transform_descriptors", None)
                 or not isinstance(getattr(info, "relative_path", None), str)
@@ -233,7 +235,9 @@ class FileSystemReader(_DcpFileSystemReader):  # type: ignore[misc]
                 c = chunks[req.storage_index] = _Chunk(
                     req.storage_index, info.relative_path, info.offset, info.length, []
                 )
-                if pickled is not None:
+                if described is not None:
+                    c.raw = described
+                elif pickled is not None:
                     # ByteCheckpoint: raw storage bytes, which DCP's reader cannot read
                     c.raw = self._raw_tensor(req.storage_index, info)
             c.items.append(req)

@@ -32,6 +32,7 @@ __all__ = [
     "agree_on_dtypes",
     "agree_on_inputs",
     "agree_on_replicas",
+    "all_gather_bytes",
     "digests",
     "dtype_code",
     "dtype_from_code",
@@ -113,9 +114,10 @@ def digests(
     )
 
 
-def _all_gather_bytes(
+def all_gather_bytes(
     payload: bytes, group: dist.ProcessGroup | None, device: torch.device
 ) -> list[bytes]:
+    """Every rank's ``payload`` (all of one length), in group rank order."""
     import torch
     import torch.distributed as dist
 
@@ -194,7 +196,7 @@ def agree_on_inputs(
     record += dtypes_digest(codes) if known and codes is not None else bytes(_DIGEST)
     record += max(rounds, 0).to_bytes(8, "little")
     record += call.to_bytes(8, "little")
-    records = _all_gather_bytes(record.ljust(_RECORD, b"\0"), group, device)
+    records = all_gather_bytes(record.ljust(_RECORD, b"\0"), group, device)
     n = len(DIGEST_PARTS) * _DIGEST
     tail = n + 5 + _MSG
     at = tail + 9 + _DIGEST
@@ -296,7 +298,7 @@ def agree_on_dtypes(
     """The dtype code of every key, learnt from the ranks that know it (those that hold a
     source shard or were told); the same ReshardError on every rank if two ranks differ.
     ``names`` says how the message names a key (:func:`key_name`)."""
-    gathered = _all_gather_bytes(bytes(codes), group, device) if keys else []
+    gathered = all_gather_bytes(bytes(codes), group, device) if keys else []
     out = []
     for i, key in enumerate(keys):
         seen: dict[int, list[int]] = {}
@@ -390,7 +392,7 @@ def agree_on_replicas(
     width = max((len(v) for v in slots.values()), default=0) * _DIGEST
     if width == 0:
         return
-    records = _all_gather_bytes(mine.ljust(width, b"\0"), group, device)
+    records = all_gather_bytes(mine.ljust(width, b"\0"), group, device)
     copies: dict[tuple[str, _BoxKey], dict[bytes, list[int]]] = {}
     for rank, owned in sorted(slots.items()):
         for i, slot in enumerate(owned):

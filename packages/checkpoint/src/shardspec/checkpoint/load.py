@@ -1,0 +1,641 @@
+"""``shardspec.checkpoint.load``: a collective load of a DCP (or safetensors) checkpoint that
+owns its protocol (spec/09-checkpoint.md, CKPT-23 to CKPT-27).
+
+``dcp.load`` unpickles the metadata on every rank, gathers every rank's plan to a coordinator
+and scatters it back, and lets every rank read what it needs itself. Here, on every rank of
+the group:
+
+1. Group rank 0 reads the checkpoint's metadata (the ``.metadata`` file, or a safetensors
+   checkpoint's index and headers) and broadcasts its bytes; every rank parses the same bytes
+   with the restricted reader (CKPT-23).
+2. Each rank derives, from the metadata and the state dict, every tensor's destination layout
+   (a DTensor's placements and a ShardedTensor's metadata give every rank's boxes; a plain
+   tensor is wanted whole on every rank) and the same read plan (:mod:`.load_reads`). One
+   all-gather agrees on a digest of it and on every rank's verdict: a key, shape or dtype
+   mismatch, a bad chunk list, anything, raises the same :class:`LoadError` on every rank
+   before a byte of data is read. No plan is gathered or scattered.
+3. ``reads="own"``: each rank reads exactly the saved bytes its own destinations hold, per file
+   in offset order (:class:`~shardspec.checkpoint.dcp_reader.FileSystemReader`).
+   ``reads="once"``: each saved chunk some rank needs is read by one rank, whole or in row
+   runs (CKPT-24), and :func:`shardspec.reshard.reshard_state_dict` delivers the runs to the
+   destinations. ``reads="auto"`` picks by CKPT-25.
+4. One more all-gather agrees on every rank's read verdict: a missing or truncated file, or
+   bytes that do not match the metadata, raise the same :class:`LoadError` on every rank,
+   naming the file, the tensor and the chunk (CKPT-26); no rank returns while another failed.
+
+Non-tensor values are ``torch.load``-ed as ``dcp.load`` does; with ``reads="once"`` each is
+read by one rank and its stored bytes travel with the tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from shardspec.metadata import Box, Layout, Shard
+
+from .load_reads import Run, TensorReads, assign_reads, choose_reads
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.metadata import Metadata
+
+__all__ = ["READS", "LoadError", "LoadStats", "load"]
+
+READS = ("auto", "own", "once")
+# What one rank's error message may carry through the agreement (longer ones are cut).
+_MSG = 4000
+_DIGEST = 32
+# The stored bytes of non-tensor values travel under these keys, which no fqn starts with.
+_BYTES_KEY = "\0bytes:"
+
+
+class LoadError(RuntimeError):
+    """The load failed; every rank of the group raised this same error. The message names the
+    ranks, and the file, tensor and chunk where a read failed."""
+
+
+@dataclass
+class LoadStats:
+    """What :func:`load` did on this rank."""
+
+    reads: str = ""  # the read mode used ("own" or "once")
+    bytes_read: int = 0  # bytes this rank read from storage: metadata, headers and data
+    data_bytes: int = 0  # of those, tensor data and stored non-tensor values
+    chunks: int = 0  # saved chunks (or runs of them) this rank read from
+    seconds: dict[str, float] = field(default_factory=dict)  # per phase
+
+
+@dataclass
+class _Target:
+    key: str
+    saved: Any  # TensorStorageMetadata
+    dst: Layout  # ranks of the group
+    outs: list[torch.Tensor]  # this rank's destination tensors, in dst.boxes_of(rank) order
+
+
+def load(
+    state_dict: dict[str, Any],
+    checkpoint_id: str | os.PathLike[str],
+    *,
+    group: dist.ProcessGroup | None = None,
+    reads: str = "auto",
+    max_buffer_bytes: int | None = None,
+    thread_count: int | None = None,
+) -> LoadStats:
+    """Load the checkpoint at ``checkpoint_id`` into ``state_dict`` in place, as ``dcp.load``
+    does (DTensors on any mesh, ShardedTensors, plain tensors, nested dicts and lists,
+    ``Stateful`` values, non-tensor values), with the same values, bit for bit.
+
+    ``checkpoint_id``: a directory ``dcp.save`` wrote (ByteCheckpoint's too), or a Hugging
+    Face safetensors checkpoint (a directory of ``*.safetensors`` files with their index JSON,
+    or one ``.safetensors`` file). Every rank of ``group`` (default: the world) calls, with the
+    same keys. ``reads``: ``"own"``, ``"once"`` or ``"auto"`` (module docstring; CKPT-25).
+    ``max_buffer_bytes`` bounds the exchange's buffers with ``reads="once"``;
+    ``thread_count`` the reading threads per rank. Unlike ``dcp.load``, a tensor whose dtype
+    differs from the saved one is an error, not a silent cast. Returns this rank's
+    :class:`LoadStats`; any failure raises the same :class:`LoadError` on every rank.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    if reads not in READS:
+        raise ValueError(f"reads must be one of {READS}, got {reads!r}")
+    stats = LoadStats()
+    clock = time.perf_counter()
+    rank = dist.get_rank(group)
+    world = dist.get_world_size(group)
+    comm = torch.device("cpu")
+    if str(dist.get_backend(group)) == "nccl":
+        comm = torch.device("cuda", torch.cuda.current_device())
+    path = Path(os.fspath(checkpoint_id))
+
+    md, nread = _shared_metadata(path, rank, group, comm)
+    stats.bytes_read += nread
+    now = time.perf_counter()
+    stats.seconds["metadata"], clock = now - clock, now
+
+    # As dcp.load: a Stateful value is loaded through its state_dict() and load_state_dict().
+    keys = sorted(state_dict)
+    stateful_sd = {
+        k: state_dict[k].state_dict() if isinstance(state_dict[k], Stateful) else state_dict[k]
+        for k in keys
+    }
+    error: str | None = None
+    digest = b""
+    targets: list[_Target] = []
+    values: list[tuple[str, Any]] = []
+    runs: list[Run] = []
+    mode = reads
+    mappings: Mapping[str, Any] = {}
+    try:
+        from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+        flat, mappings = flatten_state_dict(stateful_sd)
+        targets, values = _targets(flat, md, path, group, rank, world)
+        plans = [
+            TensorReads(
+                t.key,
+                t.saved.properties.dtype.itemsize,
+                tuple(Box(tuple(c.offsets), tuple(c.sizes)) for c in t.saved.chunks),
+                t.dst,
+            )
+            for t in targets
+        ]
+        if mode == "auto":
+            mode = choose_reads(plans)
+        if mode == "once":
+            runs = assign_reads([p for p in plans if p.dst.numel], world)
+        digest = _digest(mode, max_buffer_bytes, targets, values)
+    except Exception as e:  # every rank must hear of it, or the others would wait
+        error = f"{type(e).__name__}: {e}"
+    _agree(digest, error, group, comm, "no data was read")
+    stats.reads = mode
+    now = time.perf_counter()
+    stats.seconds["plan"], clock = now - clock, now
+
+    reader = _reader(path, md, rank, thread_count)
+    got: dict[str, Any] = {}  # fqn -> the stored bytes of a non-tensor value (once)
+    held: dict[str, list[torch.Tensor]] = {}
+    try:
+        if mode == "own":
+            _read_own(reader, targets, values, rank, got, stats)
+        else:
+            held = _read_once(reader, runs, targets, values, rank, world, stats)
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+    _agree(b"", error, group, comm, "the state dict may be partly loaded")
+    now = time.perf_counter()
+    stats.seconds["read"], clock = now - clock, now
+
+    if mode == "once":
+        got = _exchange(held, runs, targets, values, group, comm, world, max_buffer_bytes)
+    now = time.perf_counter()
+    stats.seconds["exchange"], clock = now - clock, now
+
+    from torch.distributed.checkpoint._nested_dict import set_element
+
+    for fqn, _ in values:
+        # dcp.load's DefaultLoadPlanner.load_bytes: torch.load, not weights-only
+        obj = torch.load(io.BytesIO(got[fqn]), weights_only=False)
+        set_element(stateful_sd, mappings[fqn], obj)
+    for k in keys:
+        if isinstance(state_dict[k], Stateful):
+            state_dict[k].load_state_dict(stateful_sd[k])
+    return stats
+
+
+# ---------------------------------------------------------------- metadata
+
+
+def _shared_metadata(
+    path: Path, rank: int, group: dist.ProcessGroup | None, comm: torch.device
+) -> tuple[Metadata, int]:
+    """The checkpoint's metadata, read by group rank 0 and broadcast as bytes (CKPT-23); the
+    bytes this rank read."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        from .safetensors_files import is_safetensors, metadata_from_headers, read_headers
+    except ImportError:  # TEMPORARY until the safetensors module lands
+        is_safetensors = lambda p: False  # noqa: E731
+
+    kind, blob, failed = 0, b"", False
+    if rank == 0:
+        try:
+            if is_safetensors(path):
+                kind, blob = 1, read_headers(path)
+            else:
+                from .dcp_metadata import metadata_path
+
+                kind, blob = 0, metadata_path(path).read_bytes()
+        except Exception as e:
+            failed, blob = True, f"{type(e).__name__}: {e}".encode("utf-8", "replace")
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    head = torch.tensor([kind, len(blob), int(failed)], dtype=torch.int64, device=comm)
+    dist.broadcast(head, src, group=group)
+    kind, n, failed = (int(x) for x in head.tolist())
+    data = torch.empty(n, dtype=torch.uint8, device=comm)
+    if rank == 0:
+        data.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
+    dist.broadcast(data, src, group=group)
+    raw = bytes(data.cpu().numpy().tobytes())
+    if failed:
+        raise LoadError(
+            f"load of {path}: rank 0 could not read the checkpoint's metadata: "
+            f"{raw.decode('utf-8', 'replace')}; no data was read (every rank raised this)"
+        )
+    try:
+        if kind == 1:
+            return metadata_from_headers(raw, path), n if rank == 0 else 0
+        from .dcp_metadata import METADATA_FILE, metadata_from_bytes
+
+        where = path if path.name == METADATA_FILE else path / METADATA_FILE
+        return metadata_from_bytes(raw, where), n if rank == 0 else 0
+    except Exception as e:  # the same bytes fail the same way on every rank
+        raise LoadError(
+            f"load of {path}: {type(e).__name__}: {e}; no data was read (every rank raised this)"
+        ) from e
+
+
+# ---------------------------------------------------------------- destinations
+
+
+def _targets(
+    flat: Mapping[str, Any],
+    md: Metadata,
+    path: Path,
+    group: dist.ProcessGroup | None,
+    rank: int,
+    world: int,
+) -> tuple[list[_Target], list[tuple[str, Any]]]:
+    """Each tensor of the flattened state dict with its destination layout and this rank's
+    destination tensors; and the non-tensor values, with their storage metadata."""
+    import torch
+    from torch.distributed._shard.sharded_tensor.api import ShardedTensor
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+    from torch.distributed.tensor import DTensor
+
+    from shardspec.metadata.dtensor import dtensor_local_slices, from_dtensor
+    from shardspec.reshard.frontends import sharded_tensor_layout
+
+    from .dcp import read_items_for_chunks
+
+    saved = md.state_dict_metadata
+    targets: list[_Target] = []
+    values: list[tuple[str, Any]] = []
+    ranks = _group_ranks(group, world)
+    for fqn in sorted(flat):
+        obj = flat[fqn]
+        smd = saved.get(fqn)
+        if smd is None:
+            raise ValueError(f"'{fqn}' of the state dict is not in the checkpoint {path}")
+        is_tensor = isinstance(obj, torch.Tensor)
+        if isinstance(smd, BytesStorageMetadata):
+            if is_tensor:
+                raise TypeError(
+                    f"'{fqn}' is a tensor in the state dict but a non-tensor value in {path}"
+                )
+            values.append((fqn, smd))
+            continue
+        if not isinstance(smd, TensorStorageMetadata):
+            raise TypeError(f"'{fqn}': the checkpoint's metadata holds a {type(smd).__name__}")
+        if not is_tensor:
+            raise TypeError(
+                f"'{fqn}' is a {type(obj).__name__} in the state dict but a tensor of shape "
+                f"{tuple(smd.size)} in {path}"
+            )
+        shape = tuple(smd.size)
+        if tuple(obj.shape) != shape:
+            raise ValueError(
+                f"'{fqn}' has shape {tuple(obj.shape)} in the state dict, {shape} in {path}"
+            )
+        if obj.dtype != smd.properties.dtype:
+            raise TypeError(
+                f"'{fqn}' has dtype {obj.dtype} in the state dict, {smd.properties.dtype} in "
+                f"{path}; load does not cast (dcp.load would, silently)"
+            )
+        # CKPT-1 on the saved chunks, before anything is read (cached per chunking).
+        read_items_for_chunks(fqn, smd, [])
+        if isinstance(obj, DTensor):
+            layout = from_dtensor(obj)
+            boxes = layout.boxes_of(_global(group, rank))
+            local = obj.to_local()
+            outs = [local[sl] for sl in dtensor_local_slices(boxes)] if boxes else []
+            dst = _in_group(layout, group, ranks)
+        elif isinstance(obj, ShardedTensor):
+            layout, outs = sharded_tensor_layout(obj)
+            dst = _in_group(layout, group, ranks)
+        else:
+            dst = _replicated(shape, world)
+            outs = [obj]
+        targets.append(_Target(fqn, smd, dst, outs))
+    return targets, values
+
+
+def _replicated(shape: tuple[int, ...], world: int) -> Layout:
+    return Layout(shape, [Shard(Box((0,) * len(shape), shape), r) for r in range(world)])
+
+
+def _group_ranks(group: dist.ProcessGroup | None, world: int) -> dict[int, int] | None:
+    """global rank -> group rank, or None for the world."""
+    import torch.distributed as dist
+
+    if group is None or group is dist.GroupMember.WORLD:
+        return None
+    return {dist.get_global_rank(group, g): g for g in range(world)}
+
+
+def _global(group: dist.ProcessGroup | None, rank: int) -> int:
+    import torch.distributed as dist
+
+    if group is None or group is dist.GroupMember.WORLD:
+        return rank
+    return dist.get_global_rank(group, rank)
+
+
+def _in_group(layout: Layout, group: dist.ProcessGroup | None, ranks: dict[int, int] | None) -> Layout:
+    if ranks is None:
+        return layout
+    missing = sorted(set(layout.ranks) - set(ranks))
+    if missing:
+        raise ValueError(f"global ranks {missing} of a destination are not in the load's group")
+    return layout.with_ranks(ranks)
+
+
+def _digest(
+    mode: str, max_buffer_bytes: int | None, targets: list[_Target], values: list[tuple[str, Any]]
+) -> bytes:
+    h = hashlib.blake2b(digest_size=_DIGEST)
+    h.update(repr((mode, max_buffer_bytes, [v[0] for v in values])).encode())
+    for t in targets:
+        h.update(t.key.encode() + b"\0")
+        h.update(_layout_digest(t.dst))
+    return h.digest()
+
+
+_LAYOUT_DIGESTS: dict[Layout, bytes] = {}
+
+
+def _layout_digest(layout: Layout) -> bytes:
+    # The layers of a model share their layouts: each distinct one is hashed once per process.
+    d = _LAYOUT_DIGESTS.get(layout)
+    if d is None:
+        text = repr((layout.shape, [(s.box.offsets, s.box.sizes, s.rank) for s in layout.shards]))
+        d = hashlib.blake2b(text.encode(), digest_size=_DIGEST).digest()
+        if len(_LAYOUT_DIGESTS) > 4096:
+            _LAYOUT_DIGESTS.clear()
+        _LAYOUT_DIGESTS[layout] = d
+    return d
+
+
+def _agree(
+    digest: bytes,
+    error: str | None,
+    group: dist.ProcessGroup | None,
+    comm: torch.device,
+    consequence: str,
+) -> None:
+    """Raise the same LoadError on every rank when any rank failed or the digests differ."""
+    from shardspec.reshard.agreement import all_gather_bytes, shared_problems
+    from shardspec.reshard.errors import rank_ranges
+
+    msg = (error or "").encode("utf-8", "replace")[:_MSG]
+    record = digest.ljust(_DIGEST, b"\0") + bytes([error is not None])
+    record += len(msg).to_bytes(4, "little") + msg.ljust(_MSG, b"\0")
+    records = all_gather_bytes(record, group, comm)
+    problems = {}
+    for r, rec in enumerate(records):
+        if rec[_DIGEST]:
+            n = int.from_bytes(rec[_DIGEST + 1 : _DIGEST + 5], "little")
+            problems[r] = rec[_DIGEST + 5 : _DIGEST + 5 + n].decode("utf-8", "replace")
+    if problems:
+        raise LoadError(
+            f"load failed, {consequence}; every rank raised this error: "
+            + shared_problems(problems)
+        )
+    sides: dict[bytes, list[int]] = {}
+    for r, rec in enumerate(records):
+        sides.setdefault(rec[:_DIGEST], []).append(r)
+    if len(sides) > 1:
+        text = " vs ".join(rank_ranges(r) for r in sides.values())
+        raise LoadError(
+            f"load failed, {consequence}: the ranks disagree on the keys, the destination "
+            f"layouts or the options ({text}); every rank must pass the same keys, with "
+            "DTensors on the same mesh and placements"
+        )
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _reader(path: Path, md: Metadata, rank: int, thread_count: int | None) -> Any:
+    from .dcp_reader import FileSystemReader
+
+    base = path.parent if path.is_file() else path
+    reader = FileSystemReader(base, thread_count=thread_count)
+    reader.set_up_storage_reader(md, rank == 0)
+    return reader
+
+
+class _Into:
+    """The planner side of our reader's ``read_data``: where each read item's bytes go."""
+
+    def __init__(self, dest: Mapping[str, list[torch.Tensor]], sink: Callable[[str, bytes], None]):
+        self.dest = dest
+        self.sink = sink
+
+    def resolve_tensor(self, req: Any) -> torch.Tensor:
+        t = self.dest[req.dest_index.fqn][req.dest_index.index]
+        for d, (o, n) in enumerate(zip(req.dest_offsets, req.lengths)):
+            t = t.narrow(d, o, n)
+        return t
+
+    def commit_tensor(self, req: Any, tensor: Any) -> None:
+        pass
+
+    def load_bytes(self, req: Any, value: io.BytesIO) -> None:
+        self.sink(req.dest_index.fqn, value.getvalue())
+
+
+def _read_own(
+    reader: Any,
+    targets: list[_Target],
+    values: list[tuple[str, Any]],
+    rank: int,
+    got: dict[str, Any],
+    stats: LoadStats,
+) -> None:
+    """Each rank reads the bytes of its own destinations (and every non-tensor value)."""
+    import torch
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+    from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
+
+    from .dcp import read_items_for_chunks
+
+    items: list[Any] = []
+    dest: dict[str, list[torch.Tensor]] = {}
+    for t in targets:
+        boxes = t.dst.boxes_of(rank)
+        local = [ChunkStorageMetadata(torch.Size(b.offsets), torch.Size(b.sizes)) for b in boxes]
+        items += read_items_for_chunks(t.key, t.saved, local)
+        dest[t.key] = t.outs
+        stats.data_bytes += sum(b.numel for b in boxes) * t.saved.properties.dtype.itemsize
+    for fqn, _ in values:
+        index = MetadataIndex(fqn)
+        items.append(ReadItem(LoadItemType.BYTE_IO, index, torch.Size(), index,
+                              torch.Size(), torch.Size()))  # fmt: skip
+    _run_reader(reader, items, dest, got, stats)
+    stats.data_bytes += sum(len(got[f]) for f, _ in values)
+
+
+def _run_reader(
+    reader: Any,
+    items: list[Any],
+    dest: Mapping[str, list[torch.Tensor]],
+    got: dict[str, Any],
+    stats: LoadStats,
+) -> None:
+    from torch.distributed.checkpoint.planner import LoadPlan
+
+    if not items:
+        return
+    reader.read_data(LoadPlan(items), _Into(dest, got.__setitem__)).wait()
+    stats.bytes_read += reader.stats.bytes_read
+    stats.chunks += reader.stats.chunks
+    # Values and transformed chunks go through DCP's own reader, whole.
+    for req in items:
+        if req.storage_index.fqn in got:
+            info = reader.storage_data.get(req.storage_index)
+            stats.bytes_read += int(getattr(info, "length", 0))
+
+
+def _read_once(
+    reader: Any,
+    runs: list[Run],
+    targets: list[_Target],
+    values: list[tuple[str, Any]],
+    rank: int,
+    world: int,
+    stats: LoadStats,
+) -> dict[str, list[torch.Tensor]]:
+    """This rank's runs, read into new tensors (per key, in the order of the runs); and the
+    stored bytes of the non-tensor values it reads (value ``i`` is read by rank ``i % W``)."""
+    import torch
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
+
+    by_key = {t.key: t for t in targets}
+    held: dict[str, list[torch.Tensor]] = {}
+    items: list[Any] = []
+    for run in runs:
+        if run.reader != rank:
+            continue
+        t = by_key[run.key]
+        chunk = t.saved.chunks[run.chunk]
+        mine = held.setdefault(run.key, [])
+        mine.append(torch.empty(run.box.sizes, dtype=t.saved.properties.dtype))
+        items.append(
+            ReadItem(
+                type=LoadItemType.TENSOR,
+                dest_index=MetadataIndex(run.key, torch.Size(run.box.offsets), len(mine) - 1),
+                dest_offsets=torch.Size((0,) * run.box.ndim),
+                storage_index=MetadataIndex(run.key, chunk.offsets, run.chunk),
+                storage_offsets=torch.Size(
+                    o - c for o, c in zip(run.box.offsets, chunk.offsets)
+                ),
+                lengths=torch.Size(run.box.sizes),
+            )
+        )
+        stats.data_bytes += run.nbytes
+    got: dict[str, Any] = {}
+    _run_reader(reader, items, held, got, stats)
+    for i, (fqn, _) in enumerate(values):
+        if i % world == rank:
+            raw = _stored_bytes(reader, fqn, stats)
+            held[_BYTES_KEY + fqn] = [torch.frombuffer(bytearray(raw), dtype=torch.uint8)]
+            stats.data_bytes += len(raw)
+    return held
+
+
+def _stored_bytes(reader: Any, fqn: str, stats: LoadStats) -> bytes:
+    """The bytes ``torch.load`` reads for non-tensor value ``fqn``, read once here."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
+    import torch
+
+    info = reader.storage_data.get(MetadataIndex(fqn))
+    if info is None:
+        raise LoadError(f"the checkpoint's metadata has no storage entry for value '{fqn}'")
+    got: dict[str, bytes] = {}
+    index = MetadataIndex(fqn)
+    item = ReadItem(LoadItemType.BYTE_IO, index, torch.Size(), index, torch.Size(), torch.Size())
+    # Through DCP's reader: it undoes storage transforms, and a value is small.
+    reader.read_data(LoadPlan([item]), _Into({}, got.__setitem__)).wait()
+    stats.bytes_read += int(getattr(info, "length", 0))
+    stats.chunks += 1
+    return got[fqn]
+
+
+def _exchange(
+    held: dict[str, list[torch.Tensor]],
+    runs: list[Run],
+    targets: list[_Target],
+    values: list[tuple[str, Any]],
+    group: dist.ProcessGroup | None,
+    comm: torch.device,
+    world: int,
+    max_buffer_bytes: int | None,
+) -> dict[str, bytes]:
+    """Deliver the runs to the destinations (one reshard of the whole state dict) and every
+    non-tensor value's bytes to every rank."""
+    import torch
+
+    from shardspec.reshard import reshard_state_dict
+
+    shards: dict[str, list[Shard]] = {}
+    for run in runs:
+        shards.setdefault(run.key, []).append(Shard(run.box, run.reader))
+    state: dict[str, list[torch.Tensor]] = {}
+    src: dict[str, Layout] = {}
+    dst: dict[str, Layout] = {}
+    out: dict[str, list[torch.Tensor]] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    names: dict[str, str] = {}
+    for t in targets:
+        if t.dst.numel == 0:
+            continue
+        state[t.key] = held.get(t.key, [])
+        src[t.key] = Layout(t.dst.shape, shards[t.key])
+        dst[t.key] = t.dst
+        out[t.key] = t.outs
+        dtypes[t.key] = t.saved.properties.dtype
+        names[t.key] = f"tensor '{t.key}'"
+    sizes = _value_sizes(values, held, group, comm)
+    for i, (fqn, _) in enumerate(values):
+        k = _BYTES_KEY + fqn
+        n = sizes[i]
+        state[k] = held.get(k, [])
+        src[k] = Layout((n,), [Shard(Box((0,), (n,)), i % world)])
+        dst[k] = _replicated((n,), world)
+        out[k] = [torch.empty(n, dtype=torch.uint8)]
+        dtypes[k] = torch.uint8
+        names[k] = f"the stored bytes of value '{fqn}'"
+    if not state:
+        return {}
+    result = reshard_state_dict(
+        state, src, dst, group, max_buffer_bytes=max_buffer_bytes, dtypes=dtypes, out=out,
+        names=names,
+    )  # fmt: skip
+    return {fqn: result[_BYTES_KEY + fqn][0].numpy().tobytes() for fqn, _ in values}
+
+
+def _value_sizes(
+    values: list[tuple[str, Any]],
+    held: Mapping[str, list[torch.Tensor]],
+    group: dist.ProcessGroup | None,
+    comm: torch.device,
+) -> list[int]:
+    """Every value's stored size, known to every rank (only its reader knows it)."""
+    import torch
+    import torch.distributed as dist
+
+    if not values:
+        return []
+    sizes = torch.zeros(len(values), dtype=torch.int64)
+    for i, (fqn, _) in enumerate(values):
+        mine = held.get(_BYTES_KEY + fqn)
+        if mine:
+            sizes[i] = mine[0].numel()
+    sizes = sizes.to(comm)
+    dist.all_reduce(sizes, group=group)
+    return [int(x) for x in sizes.cpu().tolist()]

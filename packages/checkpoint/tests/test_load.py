@@ -1,0 +1,134 @@
+"""``shardspec.checkpoint.load`` on real gloo ranks (spec/09-checkpoint.md, CKPT-23 to
+CKPT-27): the checkpoints of test_dcp_load (DTensors even, uneven, on 2-D meshes, nested and
+replicated; ShardedTensor grids and several shards per rank; plain tensors; a nested
+non-tensor value) saved on 4 or 2 ranks and loaded on 2 and 4 in other layouts with every
+``reads`` mode: each rank's bytes are the reference slices of the saved tensor. What each rank
+read from storage is counted: with ``reads="once"`` the job reads every needed byte once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dcp_load_cases import load, load_failing, save
+from test_dcp_load import ON_2, ON_4, entries
+
+from shardspec.testing import RankPool, get_pool
+
+torch = pytest.importorskip("torch")
+
+MODES = ("load-own", "load-once", "load-auto")
+
+
+@pytest.fixture
+def pools() -> dict[int, RankPool]:
+    return {w: get_pool(w, timeout=180) for w in (4, 2)}
+
+
+def check(pool: RankPool, path: Path, ents: list[Any], mode: str) -> list[dict[str, Any]]:
+    results = pool.call(load, str(path), ents, mode)
+    failures = [f for r in results for f in r["failures"]]
+    assert not failures, (mode, failures)
+    stats = [r["stats"] for r in results]
+    assert len({s["reads"] for s in stats}) == 1, stats
+    if mode != "load-auto":
+        assert stats[0]["reads"] == mode[len("load-") :]
+    return stats
+
+
+def saved_data_bytes(ents: list[Any]) -> int:
+    """Every saved tensor's bytes (each saved once: DCP dedups replicas) and nothing else."""
+    total = 0
+    for (_, shape, dt), _ in ents:
+        total += torch.Size(shape).numel() * getattr(torch, dt).itemsize
+    return total
+
+
+@pytest.mark.rule("CKPT-23", "CKPT-24", "CKPT-25")
+@pytest.mark.parametrize("mode", MODES)
+def test_saved_on_4_loaded_on_2_and_4(
+    pools: dict[int, RankPool], tmp_path: Path, mode: str
+) -> None:
+    pools[4].call(save, str(tmp_path), entries(ON_4, 1), True)
+    for world, col in ((2, 2), (4, 3)):
+        stats = check(pools[world], tmp_path, entries(ON_4, col), mode)
+        if stats[0]["reads"] == "once":
+            # Each tensor byte read by exactly one rank; and the value ("step") once per job.
+            tensor_bytes = saved_data_bytes(entries(ON_4, col))
+            data = sum(s["data_bytes"] for s in stats)
+            assert tensor_bytes < data < tensor_bytes + 4096, (data, tensor_bytes)
+
+
+@pytest.mark.rule("CKPT-23", "CKPT-24")
+@pytest.mark.parametrize("mode", MODES)
+def test_saved_on_2_loaded_on_4(pools: dict[int, RankPool], tmp_path: Path, mode: str) -> None:
+    pools[2].call(save, str(tmp_path), entries(ON_2, 1), True)
+    check(pools[4], tmp_path, entries(ON_2, 2), mode)
+    check(pools[2], tmp_path, entries(ON_2, 1), mode)
+
+
+def same_error_everywhere(answers: list[str]) -> str:
+    assert all(a.startswith("LoadError: ") for a in answers), answers
+    assert len(set(answers)) == 1, answers
+    return answers[0]
+
+
+@pytest.mark.rule("CKPT-26")
+@pytest.mark.parametrize("reads", ["own", "once"])
+@pytest.mark.parametrize(
+    ("tweak", "words"),
+    [
+        ("shape", ["rank 1", "'dt.rows' has shape (1, 1) in the state dict, (10, 6)"]),
+        ("dtype", ["rank 1", "'dt.rows' has dtype torch.complex128", "float32"]),
+        ("key", ["rank 1", "'not.saved' of the state dict is not in the checkpoint"]),
+        ("kind", ["rank 1", "'dt.rows' is a int in the state dict but a tensor of shape (10, 6)"]),
+        ("missing", ["ranks 0, 1", "'not.saved' of the state dict is not in the checkpoint"]),
+    ],
+)
+def test_a_state_dict_that_does_not_match_fails_on_every_rank(
+    pools: dict[int, RankPool], tmp_path: Path, reads: str, tweak: str, words: list[str]
+) -> None:
+    pools[4].call(save, str(tmp_path), entries(ON_4, 1), True)
+    answers = pools[2].call(load_failing, str(tmp_path), entries(ON_4, 2), reads, tweak)
+    error = same_error_everywhere(answers)
+    assert "no data was read" in error, error
+    for w in words:
+        assert w in error, (w, error)
+
+
+def _truncate(path: Path) -> str:
+    f = path / "__2_0.distcp"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    return "__2_0.distcp"
+
+
+def _remove(path: Path) -> str:
+    (path / "__1_0.distcp").unlink()
+    return "__1_0.distcp"
+
+
+def _garble_metadata(path: Path) -> str:
+    (path / ".metadata").write_bytes(b"not a pickle at all")
+    return ".metadata"
+
+
+def _no_metadata(path: Path) -> str:
+    (path / ".metadata").unlink()
+    return ".metadata"
+
+
+@pytest.mark.rule("CKPT-26")
+@pytest.mark.parametrize("reads", ["own", "once"])
+@pytest.mark.parametrize("spoil", [_truncate, _remove, _garble_metadata, _no_metadata])
+def test_a_damaged_checkpoint_fails_on_every_rank_naming_the_file(
+    pools: dict[int, RankPool], tmp_path: Path, reads: str, spoil: Any
+) -> None:
+    pools[4].call(save, str(tmp_path), entries(ON_4, 1), True)
+    name = spoil(tmp_path)
+    answers = pools[2].call(load_failing, str(tmp_path), entries(ON_4, 2), reads)
+    error = same_error_everywhere(answers)
+    assert name in error, error
+    if name != ".metadata":
+        # the tensor and the chunk's offsets are named too
+        assert "tensor '" in error and "chunk at offsets" in error, error

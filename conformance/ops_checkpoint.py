@@ -25,6 +25,7 @@ from shardspec.testing.ops import Context, operation
 __all__: list[str] = []
 
 KEY = "t"
+VALUE = "v"
 
 
 @operation("checkpoint.save", collective=True, check=layout_check)
@@ -37,7 +38,10 @@ def _save(
     layout = layout_from_json(args["layout"])
     via = via_of(args)
     st = sharded_tensor_of(ctx, layout, getattr(torch, args["dtype"]), ts, via)
-    dcp.save({KEY: st}, checkpoint_id=args["path"], planner=_save_planner(via))
+    sd: dict[str, Any] = {KEY: st}
+    if "value" in args:  # a non-tensor value saved beside the tensor
+        sd[VALUE] = args["value"]
+    dcp.save(sd, checkpoint_id=args["path"], planner=_save_planner(via))
     return None, []
 
 
@@ -119,6 +123,57 @@ def _load(
     if args["kind"] == "sharded":
         return None, [s.tensor for s in obj.local_shards()]
     return {"coordinate": obj.device_mesh.get_coordinate()}, [obj.to_local()]
+
+
+def _check_collective(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
+    if args.get("reads") not in ("auto", "own", "once"):
+        raise ValueError(f"reads must be auto, own or once, got {args.get('reads')!r}")
+    if args["kind"] != "plain":
+        _check_load(ctx, args, ts)
+
+
+@operation("checkpoint.collective_load", collective=True, check=_check_collective)
+def _collective_load(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
+    """A collective load of ``path`` into ``{"t": tensor, "v": {"n": 0}}``: with shardspec,
+    ``shardspec.checkpoint.load`` with ``reads`` (tracing the byte ranges each rank read);
+    with torch, ``dcp.load`` with DCP's default planner and reader (its only way to read).
+    The tensor as in ``checkpoint.load``, or (``kind`` plain) a plain tensor of ``fill`` on
+    every rank. Returns ``error`` (what this rank raised, or None), the loaded value, the
+    rank's load stats (shardspec) and its local tensors after the load."""
+    via = via_of(args)
+    dtype = getattr(torch, args["dtype"])
+    if args["kind"] == "plain":
+        obj: Any = torch.full(tuple(args["shape"]), args["fill"], dtype=dtype, device=ctx.device)
+    else:
+        obj = _target(ctx, args, ts, via)
+    sd: dict[str, Any] = {KEY: obj, VALUE: {"n": 0}}
+    facts: dict[str, Any] = {"error": None, "stats": None}
+    try:
+        if via == "shardspec":
+            from shardspec.checkpoint.load import load
+
+            stats = load(sd, args["path"], reads=args["reads"], trace_reads=True)
+            facts["stats"] = {
+                "reads": stats.reads,
+                "data_bytes": stats.data_bytes,
+                "value_bytes": stats.value_bytes,
+                "ranges": [list(r) for r in stats.ranges],
+            }
+        else:
+            import torch.distributed.checkpoint as dcp
+
+            dcp.load(sd, checkpoint_id=args["path"])
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        facts["error"] = f"{type(e).__name__}: {e}"
+    facts["value"] = sd[VALUE]
+    if args["kind"] == "sharded":
+        return facts, [s.tensor for s in obj.local_shards()]
+    if args["kind"] == "dtensor":
+        facts["coordinate"] = obj.device_mesh.get_coordinate()
+        return facts, [obj.to_local()]
+    return facts, [obj]
 
 
 def _filled_dtensor(ctx: Context, args: dict[str, Any], dtype: torch.dtype, via: str) -> Any:

@@ -213,6 +213,65 @@ class Impl:
                 per_rank_tensors=per_rank, example=example,
             )  # fmt: skip
 
+    def checkpoint_collective_load(
+        self,
+        save_pool: Any,
+        load_pool: Any,
+        saved: Layout,
+        tensor: Any,
+        load: dict[str, Any],
+        reads: str,
+        damage: str | None,
+        example: str,
+    ) -> list[Any]:
+        """A real ``dcp.save`` on ``save_pool``'s ranks of ``{"t": ShardedTensor of saved's
+        boxes of tensor, "v": {"n": 7}}``; then, when ``damage`` says so, the file holding the
+        largest chunk of ``t`` is cut short (``truncate``), removed (``remove``), or the
+        ``.metadata`` replaced by junk (``metadata``); then the implementation's collective
+        load (CKPT-23 to CKPT-27) on ``load_pool``'s ranks into ``{"t": load, "v": {"n": 0}}``
+        (``load`` as in :meth:`checkpoint_round_trip`, or ``{"kind": "plain"}``: a plain
+        tensor on every rank) with ``reads``. Per load rank a RankResult whose value holds
+        ``error`` (what the rank raised, or None), ``value`` (the loaded ``v``), ``stats``
+        (``reads``, ``data_bytes``, ``value_bytes``, ``ranges``: (file, start, stop) of each
+        byte range read, or None when the implementation does not say) and whose tensors are
+        its local tensors after the load."""
+        import tempfile
+
+        import torch
+
+        from conformance.codec import layout_from_json, layout_to_json
+
+        if self.via is None:
+            raise self.unsupported("a collective checkpoint load")
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        with tempfile.TemporaryDirectory(prefix="shardspec-cload-") as path:
+            save_args = {"path": path, "layout": layout_to_json(saved), "dtype": dtype,
+                         "value": {"n": 7}}  # fmt: skip
+            inputs = [
+                [tensor[b.slices()].contiguous() for b in saved.boxes_of(r)]
+                for r in range(save_pool.world_size)
+            ]
+            self._run_via(
+                "DCP save", save_pool, "checkpoint.save", save_args,
+                per_rank_tensors=inputs, example=example,
+            )  # fmt: skip
+            if damage is not None:
+                _damage(path, damage)
+            load_args = {**load, "path": path, "dtype": dtype, "fill": 1, "reads": reads,
+                         "shape": list(tensor.shape)}  # fmt: skip
+            per_rank: list[list[Any]] = [[] for _ in range(load_pool.world_size)]
+            if load["kind"] == "sharded":
+                dst = layout_from_json(load["layout"])
+                ones = torch.ones((), dtype=tensor.dtype)
+                per_rank = [
+                    [ones.expand(b.sizes).contiguous() for b in dst.boxes_of(r)]
+                    for r in range(load_pool.world_size)
+                ]
+            return self._run_via(  # type: ignore[no-any-return]
+                "collective load", load_pool, "checkpoint.collective_load", load_args,
+                per_rank_tensors=per_rank, example=example,
+            )  # fmt: skip
+
     def checkpoint_offline(
         self,
         save_pool: Any,
@@ -669,3 +728,41 @@ class Impl:
         return self._run_via(  # type: ignore[no-any-return]
             "FSDP + TP chunking", pool, "fsdp.chunk_dtensor", {}, tensors=[tensor], example=example
         )
+
+
+def _damage(path: str, how: str) -> str:
+    """Spoil the checkpoint at ``path`` as :meth:`Impl.checkpoint_collective_load` says;
+    returns the file's name."""
+    import os
+    import pickle
+
+    meta = os.path.join(path, ".metadata")
+    if how == "metadata":
+        with open(meta, "wb") as f:
+            f.write(b"not a pickle")
+        return ".metadata"
+    with open(meta, "rb") as f:
+        md = pickle.load(f)  # written by this run's own dcp.save: trusted
+    # the file holding t's largest chunk (or v's, when t holds nothing)
+    best: tuple[int, str, int, int] | None = None
+    for index, info in md.storage_data.items():
+        smd = md.state_dict_metadata[index.fqn]
+        chunks = getattr(smd, "chunks", None)
+        numel = 0  # a value: every rank loads it
+        if chunks is not None:  # a chunk of t: an empty one is never read
+            numel = -1
+            for c in chunks:
+                if list(c.offsets) == list(index.offset or []) and c.sizes.numel():
+                    numel = int(c.sizes.numel())
+        if best is None or numel > best[0]:
+            best = (numel, info.relative_path, info.offset, info.length)
+    assert best is not None
+    _, rel, offset, length = best
+    name = os.path.join(path, rel)
+    if how == "remove":
+        os.remove(name)
+    elif how == "truncate":
+        os.truncate(name, offset + length // 2)
+    else:
+        raise ValueError(f"damage must be metadata, remove or truncate, got {how!r}")
+    return rel

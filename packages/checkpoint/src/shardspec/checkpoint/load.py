@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardspec.metadata import Box, Layout, Shard
 
+from .dcp_reader import CheckpointReadError
 from .load_reads import Run, TensorReads, assign_reads, choose_reads
 
 if TYPE_CHECKING:
@@ -68,9 +69,12 @@ class LoadStats:
 
     reads: str = ""  # the read mode used ("own" or "once")
     bytes_read: int = 0  # bytes this rank read from storage: metadata, headers and data
-    data_bytes: int = 0  # of those, tensor data and stored non-tensor values
+    data_bytes: int = 0  # of those, tensor data (the elements of the chunks it read)
+    value_bytes: int = 0  # of those, the stored bytes of non-tensor values
     chunks: int = 0  # saved chunks (or runs of them) this rank read from
     seconds: dict[str, float] = field(default_factory=dict)  # per phase
+    # (file, start, stop) of every tensor byte range read, with trace_reads=True
+    ranges: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -89,6 +93,7 @@ def load(
     reads: str = "auto",
     max_buffer_bytes: int | None = None,
     thread_count: int | None = None,
+    trace_reads: bool = False,
 ) -> LoadStats:
     """Load the checkpoint at ``checkpoint_id`` into ``state_dict`` in place, as ``dcp.load``
     does (DTensors on any mesh, ShardedTensors, plain tensors, nested dicts and lists,
@@ -99,7 +104,8 @@ def load(
     or one ``.safetensors`` file). Every rank of ``group`` (default: the world) calls, with the
     same keys. ``reads``: ``"own"``, ``"once"`` or ``"auto"`` (module docstring; CKPT-25).
     ``max_buffer_bytes`` bounds the exchange's buffers with ``reads="once"``;
-    ``thread_count`` the reading threads per rank. Unlike ``dcp.load``, a tensor whose dtype
+    ``thread_count`` the reading threads per rank; ``trace_reads`` records every byte range
+    read in ``LoadStats.ranges``. Unlike ``dcp.load``, a tensor whose dtype
     differs from the saved one is an error, not a silent cast. Returns this rank's
     :class:`LoadStats`; any failure raises the same :class:`LoadError` on every rank.
     """
@@ -162,7 +168,7 @@ def load(
     now = time.perf_counter()
     stats.seconds["plan"], clock = now - clock, now
 
-    reader = _reader(path, md, rank, thread_count)
+    reader = _reader(path, md, rank, thread_count, trace_reads)
     got: dict[str, Any] = {}  # fqn -> the stored bytes of a non-tensor value (once)
     held: dict[str, list[torch.Tensor]] = {}
     try:
@@ -183,9 +189,23 @@ def load(
 
     from torch.distributed.checkpoint._nested_dict import set_element
 
-    for fqn, _ in values:
-        # dcp.load's DefaultLoadPlanner.load_bytes: torch.load, not weights-only
-        obj = torch.load(io.BytesIO(got[fqn]), weights_only=False)
+    loaded: dict[str, Any] = {}
+    try:
+        for fqn, _ in values:
+            # dcp.load's DefaultLoadPlanner.load_bytes: torch.load, not weights-only
+            try:
+                loaded[fqn] = torch.load(io.BytesIO(got[fqn]), weights_only=False)
+            except Exception as e:
+                raise CheckpointReadError(
+                    f"{_value_file(reader, fqn)}: value '{fqn}': its stored bytes do not "
+                    f"load: {type(e).__name__}: {e}"
+                ) from e
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+    # Every rank holds the same bytes of every value, so they fail alike; agreeing still
+    # keeps a rank from returning while another raised.
+    _agree(b"", error, group, comm, "the tensors are loaded, the values are not")
+    for fqn, obj in loaded.items():
         set_element(stateful_sd, mappings[fqn], obj)
     for k in keys:
         if isinstance(state_dict[k], Stateful):
@@ -418,11 +438,13 @@ def _agree(
 # ---------------------------------------------------------------- reading
 
 
-def _reader(path: Path, md: Metadata, rank: int, thread_count: int | None) -> Any:
+def _reader(
+    path: Path, md: Metadata, rank: int, thread_count: int | None, trace: bool
+) -> Any:
     from .dcp_reader import FileSystemReader
 
     base = path.parent if path.is_file() else path
-    reader = FileSystemReader(base, thread_count=thread_count)
+    reader = FileSystemReader(base, thread_count=thread_count, trace_reads=trace)
     reader.set_up_storage_reader(md, rank == 0)
     return reader
 
@@ -471,11 +493,12 @@ def _read_own(
         dest[t.key] = t.outs
         stats.data_bytes += sum(b.numel for b in boxes) * t.saved.properties.dtype.itemsize
     for fqn, _ in values:
+        _check_value_file(reader, fqn)
         index = MetadataIndex(fqn)
         items.append(ReadItem(LoadItemType.BYTE_IO, index, torch.Size(), index,
                               torch.Size(), torch.Size()))  # fmt: skip
     _run_reader(reader, items, dest, got, stats)
-    stats.data_bytes += sum(len(got[f]) for f, _ in values)
+    stats.value_bytes += sum(len(got[f]) for f, _ in values)
 
 
 def _run_reader(
@@ -492,6 +515,7 @@ def _run_reader(
     reader.read_data(LoadPlan(items), _Into(dest, got.__setitem__)).wait()
     stats.bytes_read += reader.stats.bytes_read
     stats.chunks += reader.stats.chunks
+    stats.ranges += [(os.path.basename(f), a, b) for f, a, b in reader.stats.ranges]
     # Values and transformed chunks go through DCP's own reader, whole.
     for req in items:
         if req.storage_index.fqn in got:
@@ -543,7 +567,7 @@ def _read_once(
         if i % world == rank:
             raw = _stored_bytes(reader, fqn, stats)
             held[_BYTES_KEY + fqn] = [torch.frombuffer(bytearray(raw), dtype=torch.uint8)]
-            stats.data_bytes += len(raw)
+            stats.value_bytes += len(raw)
     return held
 
 
@@ -553,9 +577,7 @@ def _stored_bytes(reader: Any, fqn: str, stats: LoadStats) -> bytes:
     from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
     import torch
 
-    info = reader.storage_data.get(MetadataIndex(fqn))
-    if info is None:
-        raise LoadError(f"the checkpoint's metadata has no storage entry for value '{fqn}'")
+    info = _check_value_file(reader, fqn)
     got: dict[str, bytes] = {}
     index = MetadataIndex(fqn)
     item = ReadItem(LoadItemType.BYTE_IO, index, torch.Size(), index, torch.Size(), torch.Size())
@@ -564,6 +586,38 @@ def _stored_bytes(reader: Any, fqn: str, stats: LoadStats) -> bytes:
     stats.bytes_read += int(getattr(info, "length", 0))
     stats.chunks += 1
     return got[fqn]
+
+
+def _value_file(reader: Any, fqn: str) -> str:
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    info = reader.storage_data.get(MetadataIndex(fqn))
+    return os.path.join(str(reader.path), str(getattr(info, "relative_path", "?")))
+
+
+def _check_value_file(reader: Any, fqn: str) -> Any:
+    """The storage entry of value ``fqn``, after checking its file holds its bytes (DCP's own
+    reader would hand ``torch.load`` a short read)."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    info = reader.storage_data.get(MetadataIndex(fqn))
+    if info is None:
+        raise CheckpointReadError(
+            f"{reader.path}: value '{fqn}': the checkpoint's metadata has no storage entry "
+            "for it"
+        )
+    where = _value_file(reader, fqn)
+    try:
+        size = os.stat(where).st_size
+    except OSError as e:
+        raise CheckpointReadError(f"{where}: value '{fqn}': cannot open the file: {e.strerror}")
+    end = int(info.offset) + int(info.length)
+    if size < end:
+        raise CheckpointReadError(
+            f"{where}: value '{fqn}': the file is truncated: the value's bytes "
+            f"[{info.offset}, {end}) end past the file's {size} bytes"
+        )
+    return info
 
 
 def _exchange(

@@ -1,0 +1,164 @@
+"""The collective checkpoint load (spec/09-checkpoint.md, CKPT-23 to CKPT-27) against the
+reference: a real ``dcp.save`` on one world of a drawn layout, then the implementation's
+collective load on another world into a ShardedTensor, a DTensor (up to 3-D meshes, nested and
+uneven shards, replicas) or a plain tensor on every rank, with each ``reads`` mode. Every rank
+holds the reference slice of the saved tensor and the saved non-tensor value; with
+``reads="once"`` no byte of the checkpoint is read by two ranks and the job reads the tensor's
+bytes exactly once, counted by the ranks themselves; with ``reads="own"`` each rank reads the
+bytes of its own boxes. A damaged checkpoint fails on every rank with the same error, naming
+the file, and no rank returns."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from hypothesis import example, given, strategies as st
+
+from conformance import reference
+from conformance.assertions import assert_equal, assert_tensor_bitwise
+from conformance.cases import case
+from conformance.codec import layout_from_json
+from conformance.impls import Impl
+from shardspec.metadata import Box, Layout, Shard
+
+from .test_checkpoint import ROWS_TO_COLUMNS_BF16, _describe_load, round_trips
+
+READS = ("own", "once", "auto")
+
+
+@st.composite
+def collective_loads(draw: st.DrawFn) -> dict[str, Any]:
+    """A round trip (test_checkpoint's), sometimes into a plain tensor on every rank, with a
+    read mode and, one time in five, a damaged checkpoint."""
+    c = draw(round_trips())
+    if draw(st.integers(0, 4)) == 0:
+        c["load"] = {"kind": "plain"}
+    c["reads"] = draw(st.sampled_from(READS))
+    c["damage"] = draw(st.sampled_from([None] * 12 + ["truncate", "remove", "metadata"]))
+    return c
+
+
+def _describe(c: dict[str, Any]) -> str:
+    load = c["load"]
+    where = "a plain tensor on every rank" if load["kind"] == "plain" else _describe_load(load)
+    spoiled = f", the checkpoint damaged ({c['damage']})" if c.get("damage") else ""
+    return (
+        f"dcp.save on {c['save_world']} ranks of ShardedTensor {c['saved']!r}{spoiled}, "
+        f"collective load (reads={c['reads']}) on {c['load_world']} ranks into {where}, "
+        f"dtype={c['tensor'].dtype}"
+    )
+
+
+def _want(t: Any, load: dict[str, Any], rank: int) -> list[Any]:
+    if load["kind"] == "plain":
+        return [t]
+    if load["kind"] == "sharded":
+        return [t[b.slices()].contiguous() for b in layout_from_json(load["layout"]).boxes_of(rank)]
+    mesh = tuple(load["mesh"])
+    coord = reference.mesh_coordinates(mesh)[rank]
+    return [reference.gather(t, reference.dtensor_indices(t.shape, mesh, load["placements"], coord))]
+
+
+def _mine(t: Any, load: dict[str, Any], rank: int) -> int:
+    """Bytes of the distinct boxes ``rank`` holds (what reads="own" reads for it)."""
+    return sum(w.numel() for w in _want(t, load, rank)) * t.element_size()
+
+
+# Rows saved on 3 ranks (an empty chunk past the end) loaded as a plain tensor on 2: every
+# rank wants every byte, so reads="once" must split the reading and move the rest.
+ROWS_TO_PLAIN_ONCE = {**ROWS_TO_COLUMNS_BF16, "load": {"kind": "plain"}, "reads": "once",
+                      "damage": None}  # fmt: skip
+# A chunk's file cut short under reads="once": the reading rank fails, and every rank raises.
+TRUNCATED_ONCE = {**ROWS_TO_COLUMNS_BF16, "reads": "once", "damage": "truncate"}
+# rows -> columns through reads="own" and reads="auto"
+ROWS_TO_COLUMNS_OWN = {**ROWS_TO_COLUMNS_BF16, "reads": "own", "damage": None}
+REPLICATED_AUTO = {
+    "save_world": 2,
+    "load_world": 4,
+    "saved": Layout((5, 3), [Shard(Box((0, 0), (3, 3)), 1), Shard(Box((3, 0), (2, 3)), 0)]),
+    "load": {"kind": "dtensor", "mesh": [2, 2], "placements": [["R"], ["S", 0]]},
+    "tensor": ROWS_TO_COLUMNS_BF16["tensor"][:, :3].contiguous(),
+    "reads": "auto",
+    "damage": None,
+}
+
+
+@pytest.mark.rule("CKPT-23", "CKPT-24", "CKPT-25", "CKPT-26", "CKPT-27")
+@pytest.mark.known_defect(
+    "torch",
+    "dcp.load of a damaged checkpoint fails on every rank with an error that names no file "
+    "(a truncated file: 'PytorchStreamReader failed reading zip archive'; repro "
+    "dcp-load-damaged-file-names-nothing)",
+    raises=AssertionError,
+    match=r"^the error names the file \(.*\)=False",
+)
+@pytest.mark.pool
+@given(collective_loads())
+@example(ROWS_TO_PLAIN_ONCE)
+@example(TRUNCATED_ONCE)
+@example(ROWS_TO_COLUMNS_OWN)
+@example(REPLICATED_AUTO)
+def test_a_collective_load_gives_every_rank_the_reference_or_fails_on_all(
+    impl: Impl, pools: Any, c: dict[str, Any]
+) -> None:
+    t, load = c["tensor"], c["load"]
+    ex = _describe(c)
+    with case():
+        results = impl.checkpoint_collective_load(
+            pools(c["save_world"]), pools(c["load_world"]), c["saved"], t, load, c["reads"],
+            c["damage"], ex,
+        )  # fmt: skip
+        errors = [r.value["error"] for r in results]
+        if c["damage"] is not None:
+            _check_failed_everywhere(errors, c["damage"], ex)
+            return
+        assert_equal("errors", errors, [None] * len(results), ex)
+        for r in results:
+            assert_equal(f"rank{r.rank}.value", r.value["value"], {"n": 7}, ex)
+            want = _want(t, load, r.rank)
+            assert_equal(f"rank{r.rank}.local tensors", len(r.tensors), len(want), ex)
+            for i, (got, w) in enumerate(zip(r.tensors, want)):
+                assert_tensor_bitwise(f"rank{r.rank}.loaded[{i}]", got, w, ex)
+        stats = [r.value["stats"] for r in results]
+        if stats[0] is None:
+            return  # the implementation does not count its reads
+        modes = {s["reads"] for s in stats}
+        assert_equal("read modes of the ranks", len(modes), 1, ex)
+        mode = modes.pop()
+        if c["reads"] != "auto":
+            assert_equal("read mode", mode, c["reads"], ex)
+        nbytes = t.numel() * t.element_size()
+        if mode == "once":
+            # CKPT-24: the job reads each saved byte once (these chunks are never cut into
+            # runs: far below the run size), counted by the ranks
+            assert_equal("tensor bytes read by the job", sum(s["data_bytes"] for s in stats),
+                         nbytes, ex)  # fmt: skip
+            assert_equal("ranks that read the value", sum(bool(s["value_bytes"]) for s in stats),
+                         1, ex)  # fmt: skip
+            _check_no_byte_read_twice([s["ranges"] for s in stats], ex)
+        else:
+            for r, s in zip(results, stats):
+                assert_equal(f"rank{r.rank}.tensor bytes read", s["data_bytes"],
+                             _mine(t, load, r.rank), ex)  # fmt: skip
+
+
+def _check_failed_everywhere(errors: list[str | None], damage: str, ex: str) -> None:
+    """CKPT-26: every rank raised, the same error, naming the damaged file."""
+    assert_equal("ranks that returned", [e is None for e in errors], [False] * len(errors), ex)
+    assert_equal("distinct errors", len(set(errors)), 1, ex)
+    first = str(errors[0])
+    named = ".metadata" if damage == "metadata" else r"__\d+_\d+\.distcp"
+    assert_equal(f"the error names the file ({named})", bool(re.search(named, first)), True,
+                 f"{ex}: {first}")  # fmt: skip
+
+
+def _check_no_byte_read_twice(ranges: list[list[list[Any]]], ex: str) -> None:
+    spans = sorted((f, a, b, rank) for rank, rs in enumerate(ranges) for f, a, b in rs)
+    for (f1, a1, b1, r1), (f2, a2, b2, r2) in zip(spans, spans[1:]):
+        if f1 == f2 and a2 < b1:
+            raise AssertionError(
+                f"bytes [{a2}, {min(b1, b2)}) of {f1} read by rank {r1} and rank {r2} "
+                f"with reads='once' [{ex}]"
+            )

@@ -4,6 +4,8 @@
   (CKPT-1) before data moves, and plan reads with :func:`shardspec.reshard.plan`.
 * :mod:`.dcp_reader` — ``FileSystemReader``: each saved byte a rank needs read at most once.
 * :mod:`.offline` — ``shardspec reshard``: a checkpoint rewritten into another job's layout.
+* :mod:`.safetensors_files` — a Hugging Face safetensors checkpoint's headers, checked, as
+  DCP's ``Metadata`` (one chunk per tensor) for the collective load.
 * :mod:`.cli` — the ``shardspec`` command: inspect, verify, diff, layout, reshard.
 * :mod:`.chunks`, :mod:`.dcp_metadata`, :mod:`.report`, :mod:`.saved_chunks`,
   :mod:`.value_diff` — the chunk check, the restricted ``.metadata`` reader, per-tensor reports,

@@ -179,3 +179,47 @@ def load_failing(
     except Exception as e:
         return f"{type(e).__name__}: {e}"
     return "no error"
+
+
+def load_safetensors(
+    rank: int,
+    world: int,
+    path: str,
+    entries: list[tuple[Entry, tuple[Any, ...]]],
+    reads: str,
+) -> dict[str, Any]:
+    """``shardspec.checkpoint.load`` of a safetensors checkpoint (written with
+    ``safetensors.torch.save_file`` of :func:`full_tensor` values) into ``entries``' layouts;
+    the failures against the reference slices of ``load_file``'s tensors, and, for the
+    tensors every rank holds whole, the same load through ``dcp.load`` with torch's
+    ``HuggingFaceStorageReader`` (its baseline) compared bit for bit."""
+    import glob
+    import os
+
+    from safetensors.torch import load_file
+
+    from shardspec.checkpoint.load import load as collective_load
+
+    files = [path] if path.endswith(".safetensors") else glob.glob(os.path.join(path, "*.safetensors"))
+    saved: dict[str, torch.Tensor] = {}
+    for f in files:
+        saved.update(load_file(f))
+    sd = {name: _build(saved[name], how, zero=True) for (name, _, _), how in entries}
+    stats = collective_load(sd, path, reads=reads)
+    failures = []
+    for (name, _, _), how in entries:
+        got, want = _locals(sd[name]), _expected_locals(saved[name], how)
+        for i, (g, w) in enumerate(zip(got, want)):
+            if not same_bits(g, w):
+                failures.append(f"rank {rank} {name}[{i}]: loaded bytes differ")
+    if os.path.isdir(path):
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+        plain = {n: torch.zeros_like(saved[n]) for (n, _, _), how in entries if how[0] == "plain"}
+        if plain:
+            dcp.load(plain, storage_reader=HuggingFaceStorageReader(path))
+            for n, t in plain.items():
+                if not same_bits(t, sd[n]):
+                    failures.append(f"rank {rank} {n}: HuggingFaceStorageReader loaded other bytes")
+    return {"failures": failures, "stats": vars(stats)}

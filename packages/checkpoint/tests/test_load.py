@@ -131,3 +131,64 @@ def test_a_damaged_checkpoint_fails_on_every_rank_naming_the_file(
     if name != ".metadata":
         # the tensor and the chunk's offsets are named too
         assert "tensor '" in error and "chunk at offsets" in error, error
+
+
+HF = [
+    ("model.embed.weight", (10, 6), "bfloat16"),
+    ("model.layers.0.mlp.weight", (7, 5), "float32"),
+    ("model.layers.0.mlp.bias", (7,), "float16"),
+    ("model.norm.scale", (), "float64"),
+    ("model.empty", (0, 3), "int8"),
+]
+
+
+def _write_hf(path: Path, sharded: bool) -> None:
+    """A Hugging Face checkpoint of HF's tensors: two files and their index, or one file."""
+    import json
+
+    from dcp_load_cases import full_tensor
+    from safetensors.torch import save_file
+
+    tensors = {n: full_tensor(n, s, d) for n, s, d in HF}
+    if not sharded:
+        save_file(tensors, str(path))
+        return
+    path.mkdir()
+    names = sorted(tensors)
+    parts = [names[::2], names[1::2]]
+    weight_map = {}
+    for k, part in enumerate(parts, 1):
+        fname = f"model-{k:05d}-of-{len(parts):05d}.safetensors"
+        save_file({n: tensors[n] for n in part}, str(path / fname))
+        weight_map.update(dict.fromkeys(part, fname))
+    (path / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map})
+    )
+
+
+@pytest.mark.rule("CKPT-22", "CKPT-23", "CKPT-24")
+@pytest.mark.parametrize("reads", ["own", "once"])
+@pytest.mark.parametrize("sharded", [True, False], ids=["index", "one-file"])
+def test_a_safetensors_checkpoint_loads_as_tp_shards_and_whole(
+    pools: dict[int, RankPool], tmp_path: Path, reads: str, sharded: bool
+) -> None:
+    from dcp_load_cases import load_safetensors
+
+    path = tmp_path / ("hf" if sharded else "model.safetensors")
+    _write_hf(path, sharded)
+    layouts = [
+        ("dt", (2,), [("S", 0)]),  # column-parallel rows
+        ("dt", (2,), [("S", 1)]),  # row-parallel columns
+        ("plain",),
+        ("dt", (2,), [("R",)]),
+        ("dt", (2,), [("S", 1)]),
+    ]
+    ents = [((n, s, d), how) for (n, s, d), how in zip(HF, layouts)]
+    results = pools[2].call(load_safetensors, str(path), ents, reads)
+    failures = [f for r in results for f in r["failures"]]
+    assert not failures, failures
+    stats = [r["stats"] for r in results]
+    assert {s["reads"] for s in stats} == {reads}
+    if reads == "once":
+        total = sum(torch.Size(s).numel() * getattr(torch, d).itemsize for _, s, d in HF)
+        assert sum(s["data_bytes"] for s in stats) == total

@@ -124,7 +124,7 @@ def load(
         comm = torch.device("cuda", torch.cuda.current_device())
     path = Path(os.fspath(checkpoint_id))
 
-    md, nread = _shared_metadata(path, rank, group, comm)
+    md, nread, hf = _shared_metadata(path, rank, group, comm)
     stats.bytes_read += nread
     now = time.perf_counter()
     stats.seconds["metadata"], clock = now - clock, now
@@ -168,7 +168,7 @@ def load(
     now = time.perf_counter()
     stats.seconds["plan"], clock = now - clock, now
 
-    reader = _reader(path, md, rank, thread_count, trace_reads)
+    reader = _reader(path, md, rank, thread_count, trace_reads, hf)
     got: dict[str, Any] = {}  # fqn -> the stored bytes of a non-tensor value (once)
     held: dict[str, list[torch.Tensor]] = {}
     try:
@@ -218,16 +218,13 @@ def load(
 
 def _shared_metadata(
     path: Path, rank: int, group: dist.ProcessGroup | None, comm: torch.device
-) -> tuple[Metadata, int]:
+) -> tuple[Metadata, int, bool]:
     """The checkpoint's metadata, read by group rank 0 and broadcast as bytes (CKPT-23); the
-    bytes this rank read."""
+    bytes this rank read; whether it is a safetensors checkpoint."""
     import torch
     import torch.distributed as dist
 
-    try:
-        from .safetensors_files import is_safetensors, metadata_from_headers, read_headers
-    except ImportError:  # TEMPORARY until the safetensors module lands
-        is_safetensors = lambda p: False  # noqa: E731
+    from .safetensors_files import is_safetensors, metadata_from_headers, read_headers
 
     kind, blob, failed = 0, b"", False
     if rank == 0:
@@ -256,11 +253,11 @@ def _shared_metadata(
         )
     try:
         if kind == 1:
-            return metadata_from_headers(raw, path), n if rank == 0 else 0
+            return metadata_from_headers(raw, path), n if rank == 0 else 0, True
         from .dcp_metadata import METADATA_FILE, metadata_from_bytes
 
         where = path if path.name == METADATA_FILE else path / METADATA_FILE
-        return metadata_from_bytes(raw, where), n if rank == 0 else 0
+        return metadata_from_bytes(raw, where), n if rank == 0 else 0, False
     except Exception as e:  # the same bytes fail the same way on every rank
         raise LoadError(
             f"load of {path}: {type(e).__name__}: {e}; no data was read (every rank raised this)"
@@ -439,11 +436,13 @@ def _agree(
 
 
 def _reader(
-    path: Path, md: Metadata, rank: int, thread_count: int | None, trace: bool
+    path: Path, md: Metadata, rank: int, thread_count: int | None, trace: bool, hf: bool
 ) -> Any:
     from .dcp_reader import FileSystemReader
+    from .safetensors_files import data_dir
 
-    base = path.parent if path.is_file() else path
+    # A rank need not see the file to know the folder (data_dir decides by the name).
+    base = data_dir(path) if hf else path.parent if path.is_file() else path
     reader = FileSystemReader(base, thread_count=thread_count, trace_reads=trace)
     reader.set_up_storage_reader(md, rank == 0)
     return reader

@@ -10,6 +10,7 @@ the file, and no rank returns."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
@@ -58,7 +59,9 @@ def _want(t: Any, load: dict[str, Any], rank: int) -> list[Any]:
         return [t[b.slices()].contiguous() for b in layout_from_json(load["layout"]).boxes_of(rank)]
     mesh = tuple(load["mesh"])
     coord = reference.mesh_coordinates(mesh)[rank]
-    return [reference.gather(t, reference.dtensor_indices(t.shape, mesh, load["placements"], coord))]
+    return [
+        reference.gather(t, reference.dtensor_indices(t.shape, mesh, load["placements"], coord))
+    ]
 
 
 def _mine(t: Any, load: dict[str, Any], rank: int) -> int:
@@ -156,7 +159,8 @@ def _check_failed_everywhere(errors: list[str | None], damage: str, ex: str) -> 
 
 def _check_no_byte_read_twice(ranges: list[list[list[Any]]], ex: str) -> None:
     spans = sorted((f, a, b, rank) for rank, rs in enumerate(ranges) for f, a, b in rs)
-    for (f1, a1, b1, r1), (f2, a2, b2, r2) in zip(spans, spans[1:]):
+    # sorted by start: any two ranges that overlap imply two neighbours that do
+    for (f1, _, b1, r1), (f2, a2, b2, r2) in itertools.pairwise(spans):
         if f1 == f2 and a2 < b1:
             raise AssertionError(
                 f"bytes [{a2}, {min(b1, b2)}) of {f1} read by rank {r1} and rank {r2} "

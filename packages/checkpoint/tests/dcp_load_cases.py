@@ -200,7 +200,9 @@ def load_safetensors(
 
     from shardspec.checkpoint.load import load as collective_load
 
-    files = [path] if path.endswith(".safetensors") else glob.glob(os.path.join(path, "*.safetensors"))
+    files = (
+        [path] if path.endswith(".safetensors") else glob.glob(os.path.join(path, "*.safetensors"))
+    )
     saved: dict[str, torch.Tensor] = {}
     for f in files:
         saved.update(load_file(f))

@@ -3,6 +3,9 @@
 * :mod:`.dcp` — DCP's ``LoadPlanner`` and ``SavePlanner`` that check every saved tensor's chunks
   (CKPT-1) before data moves, and plan reads with :func:`shardspec.reshard.plan`.
 * :mod:`.dcp_reader` — ``FileSystemReader``: each saved byte a rank needs read at most once.
+* :mod:`.load` — :func:`load`: a collective load that owns its protocol (metadata read once,
+  reads ``"own"`` or ``"once"``, the rest moved by the reshard executor); :mod:`.load_reads`
+  decides who reads what.
 * :mod:`.offline` — ``shardspec reshard``: a checkpoint rewritten into another job's layout.
 * :mod:`.safetensors_files` — a Hugging Face safetensors checkpoint's headers, checked, as
   DCP's ``Metadata`` (one chunk per tensor) for the collective load.
@@ -33,6 +36,7 @@ if TYPE_CHECKING:  # the lazy names, typed for mypy and editors
         CheckpointReadError as CheckpointReadError,
         FileSystemReader as FileSystemReader,
     )
+    from .load import LoadError as LoadError, LoadStats as LoadStats, load as load
 
 # name -> submodule that defines it; these import torch.
 _LAZY: dict[str, str] = {
@@ -42,6 +46,9 @@ _LAZY: dict[str, str] = {
     "read_error": "dcp",
     "FileSystemReader": "dcp_reader",
     "CheckpointReadError": "dcp_reader",
+    "load": "load",
+    "LoadError": "load",
+    "LoadStats": "load",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

@@ -223,10 +223,14 @@ class FileSystemReader(_DcpFileSystemReader):  # type: ignore[misc]
             pickled = getattr(info, "tensor_pickle", None)
             # A storage entry that describes its raw bytes itself (a safetensors tensor).
             described = getattr(info, "saved_tensor", None)
-            if pickled is None and described is None and (
-                req.type == LoadItemType.BYTE_IO
-                or getattr(info, "transform_descriptors", None)
-                or not isinstance(getattr(info, "relative_path", None), str)
+            if (
+                pickled is None
+                and described is None
+                and (
+                    req.type == LoadItemType.BYTE_IO
+                    or getattr(info, "transform_descriptors", None)
+                    or not isinstance(getattr(info, "relative_path", None), str)
+                )
             ):
                 fallback.append(req)
                 continue

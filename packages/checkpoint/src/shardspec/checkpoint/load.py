@@ -187,7 +187,7 @@ def load(
     now = time.perf_counter()
     stats.seconds["exchange"], clock = now - clock, now
 
-    from torch.distributed.checkpoint._nested_dict import set_element
+    from torch.distributed.checkpoint._traverse import set_element
 
     loaded: dict[str, Any] = {}
     try:
@@ -240,7 +240,8 @@ def _shared_metadata(
     src = dist.get_global_rank(group, 0) if group is not None else 0
     head = torch.tensor([kind, len(blob), int(failed)], dtype=torch.int64, device=comm)
     dist.broadcast(head, src, group=group)
-    kind, n, failed = (int(x) for x in head.tolist())
+    kind, n, bad = (int(x) for x in head.tolist())
+    failed = bool(bad)
     data = torch.empty(n, dtype=torch.uint8, device=comm)
     if rank == 0:
         data.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
@@ -360,7 +361,9 @@ def _global(group: dist.ProcessGroup | None, rank: int) -> int:
     return dist.get_global_rank(group, rank)
 
 
-def _in_group(layout: Layout, group: dist.ProcessGroup | None, ranks: dict[int, int] | None) -> Layout:
+def _in_group(
+    layout: Layout, group: dist.ProcessGroup | None, ranks: dict[int, int] | None
+) -> Layout:
     if ranks is None:
         return layout
     missing = sorted(set(layout.ranks) - set(ranks))
@@ -459,7 +462,8 @@ class _Into:
         t = self.dest[req.dest_index.fqn][req.dest_index.index]
         for d, (o, n) in enumerate(zip(req.dest_offsets, req.lengths)):
             t = t.narrow(d, o, n)
-        return t
+        out: torch.Tensor = t
+        return out
 
     def commit_tensor(self, req: Any, tensor: Any) -> None:
         pass
@@ -479,7 +483,7 @@ def _read_own(
     """Each rank reads the bytes of its own destinations (and every non-tensor value)."""
     import torch
     from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
-    from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
+    from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
     from .dcp import read_items_for_chunks
 
@@ -553,9 +557,7 @@ def _read_once(
                 dest_index=MetadataIndex(run.key, torch.Size(run.box.offsets), len(mine) - 1),
                 dest_offsets=torch.Size((0,) * run.box.ndim),
                 storage_index=MetadataIndex(run.key, chunk.offsets, run.chunk),
-                storage_offsets=torch.Size(
-                    o - c for o, c in zip(run.box.offsets, chunk.offsets)
-                ),
+                storage_offsets=torch.Size(o - c for o, c in zip(run.box.offsets, chunk.offsets)),
                 lengths=torch.Size(run.box.sizes),
             )
         )
@@ -572,9 +574,9 @@ def _read_once(
 
 def _stored_bytes(reader: Any, fqn: str, stats: LoadStats) -> bytes:
     """The bytes ``torch.load`` reads for non-tensor value ``fqn``, read once here."""
+    import torch
     from torch.distributed.checkpoint.metadata import MetadataIndex
     from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
-    import torch
 
     info = _check_value_file(reader, fqn)
     got: dict[str, bytes] = {}
@@ -602,14 +604,15 @@ def _check_value_file(reader: Any, fqn: str) -> Any:
     info = reader.storage_data.get(MetadataIndex(fqn))
     if info is None:
         raise CheckpointReadError(
-            f"{reader.path}: value '{fqn}': the checkpoint's metadata has no storage entry "
-            "for it"
+            f"{reader.path}: value '{fqn}': the checkpoint's metadata has no storage entry for it"
         )
     where = _value_file(reader, fqn)
     try:
         size = os.stat(where).st_size
     except OSError as e:
-        raise CheckpointReadError(f"{where}: value '{fqn}': cannot open the file: {e.strerror}")
+        raise CheckpointReadError(
+            f"{where}: value '{fqn}': cannot open the file: {e.strerror}"
+        ) from e
     end = int(info.offset) + int(info.length)
     if size < end:
         raise CheckpointReadError(

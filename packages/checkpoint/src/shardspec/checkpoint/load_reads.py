@@ -118,7 +118,7 @@ def _replicated(dst: Layout) -> bool:
 
 @functools.lru_cache(maxsize=4096)
 def _strided(chunks: tuple[Box, ...], dst: Layout, itemsize: int) -> bool:
-    boxes, _, index = _holders(dst)
+    _, _, index = _holders(dst)
     for c in chunks:
         for _, offsets, sizes in index.query_clipped(c):
             part = Box(offsets, sizes)

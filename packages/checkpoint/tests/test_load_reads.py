@@ -1,0 +1,176 @@
+"""Who reads what in ``shardspec.checkpoint.load`` (spec/09-checkpoint.md, CKPT-24, CKPT-25):
+``assign_reads`` and ``row_runs`` on drawn saved chunkings and destinations (the runs tile the
+non-empty chunks, each a row run inside its chunk, one reader each, loads bounded), and
+``choose_reads`` on hand-worked cases."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from shardspec.checkpoint import load_reads
+from shardspec.checkpoint.load_reads import (
+    TensorReads,
+    assign_reads,
+    choose_reads,
+    contiguous_run,
+    row_runs,
+)
+from shardspec.metadata import Box, Layout, Shard, chunk_layout
+from shardspec.metadata.strategies import shapes, valid_layouts
+
+
+def _elements(box: Box) -> set[tuple[int, ...]]:
+    import itertools
+
+    return set(itertools.product(*(range(o, o + n) for o, n in zip(box.offsets, box.sizes))))
+
+
+@st.composite
+def loads(draw: st.DrawFn) -> tuple[list[TensorReads], int]:
+    world = draw(st.integers(1, 6))
+    tensors = []
+    for k in range(draw(st.integers(1, 3))):
+        shape = draw(shapes(min_dims=0, max_dims=3, max_side=6))
+        saved = draw(valid_layouts(st.just(shape), replicas=False))
+        dst = draw(valid_layouts(st.just(shape), world=world))
+        dst = Layout(shape, [Shard(s.box, s.rank % world) for s in dst.shards])
+        itemsize = draw(st.sampled_from([1, 2, 4, 8]))
+        tensors.append(TensorReads(f"t{k}", itemsize, tuple(s.box for s in saved.shards), dst))
+    return tensors, world
+
+
+@pytest.fixture(params=[True, False], ids=["runs-cut-small", "runs-as-shipped"])
+def small_runs(request: Any, monkeypatch: pytest.MonkeyPatch) -> bool:
+    # The shipped minimum run (4 MiB) is never reached by drawn shapes: lower it to 1 byte so
+    # that chunks are cut into row runs too.
+    if request.param:
+        monkeypatch.setattr(load_reads, "MIN_RUN_BYTES", 1)
+    return bool(request.param)
+
+
+@pytest.mark.rule("CKPT-24")
+# the fixture only sets a module constant for the whole test: nothing to reset per input
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(case=loads())
+def test_the_runs_tile_every_non_empty_chunk_once_each_with_one_reader(
+    small_runs: bool, case: tuple[list[TensorReads], int]
+) -> None:
+    tensors, world = case
+    runs = assign_reads(tensors, world)
+    by_key = {t.key: t for t in tensors}
+    per_chunk: dict[tuple[str, int], list[Box]] = {}
+    load = Counter[int]()
+    for run in runs:
+        t = by_key[run.key]
+        chunk = t.chunks[run.chunk]
+        assert 0 <= run.reader < world
+        assert not run.box.is_empty
+        assert run.nbytes == run.box.numel * t.itemsize
+        # a row run: inside its chunk, spanning every dim but the first
+        assert chunk.intersect(run.box) == run.box
+        assert run.box.sizes[1:] == chunk.sizes[1:] and run.box.offsets[1:] == chunk.offsets[1:]
+        per_chunk.setdefault((run.key, run.chunk), []).append(run.box)
+        load[run.reader] += run.nbytes
+    for t in tensors:
+        for i, c in enumerate(t.chunks):
+            got = per_chunk.pop((t.key, i), [])
+            if c.is_empty:
+                assert got == []
+                continue
+            cells = [_elements(b) for b in got]
+            assert sum(map(len, cells)) == c.numel  # no element twice
+            assert set().union(*cells) == _elements(c)  # and every one
+    assert per_chunk == {}
+    total = sum(c.numel * t.itemsize for t in tensors for c in t.chunks)
+    share = math.ceil(total / world)
+    largest = max((r.nbytes for r in runs), default=0)
+    assert max(load.values(), default=0) <= share + largest
+
+
+@pytest.mark.rule("CKPT-24")
+@given(st.integers(0, 50), st.integers(0, 4), st.integers(1, 8), st.integers(1, 400))
+def test_row_runs_are_the_fewest_near_equal_runs_within_the_bound(
+    rows: int, inner: int, itemsize: int, most: int
+) -> None:
+    chunk = Box((3, 1), (rows, inner))
+    old = load_reads.MIN_RUN_BYTES
+    load_reads.MIN_RUN_BYTES = 1
+    try:
+        runs = row_runs(chunk, itemsize, most)
+    finally:
+        load_reads.MIN_RUN_BYTES = old
+    assert sum(r.sizes[0] for r in runs) == rows
+    assert [r.offsets[0] for r in runs] == [3 + sum(r.sizes[0] for r in runs[:i])
+                                             for i in range(len(runs))]  # fmt: skip
+    sizes = [r.sizes[0] for r in runs]
+    assert max(sizes) - min(sizes) <= 1
+    row_bytes = inner * itemsize
+    if row_bytes and rows * row_bytes > most:
+        # each run within the bound unless one row alone exceeds it; no fewer runs would do
+        assert len(runs) == min(rows, math.ceil(rows * row_bytes / most))
+    else:
+        assert runs == [chunk]
+
+
+def test_contiguous_run_counts_the_trailing_full_dims() -> None:
+    chunk = Box((0, 0, 0), (4, 6, 8))
+    assert contiguous_run(chunk, Box((1, 0, 0), (2, 6, 8))) == 96  # rows: one run
+    assert contiguous_run(chunk, Box((0, 2, 0), (4, 3, 8))) == 24  # a cut in dim 1
+    assert contiguous_run(chunk, Box((0, 0, 4), (4, 6, 4))) == 4  # a cut in the last dim
+    assert contiguous_run(Box((), ()), Box((), ())) == 1
+
+
+BIG = (2048, 1024)  # float32: 8 MiB
+
+
+@pytest.mark.rule("CKPT-25")
+def test_auto_reads_once_for_replicas_and_long_strided_reads_only() -> None:
+    rows4 = tuple(s.box for s in chunk_layout(BIG, 0, [0, 1, 2, 3]).shards)
+    cols2 = chunk_layout(BIG, 1, [0, 1])
+    rows2 = chunk_layout(BIG, 0, [0, 1])
+    whole = Box((0, 0), BIG)
+    replicated = Layout(BIG, [Shard(whole, 0), Shard(whole, 1)])
+    # rows -> columns: pieces of 1 MiB in runs of 2 KiB
+    assert choose_reads([TensorReads("w", 4, rows4, cols2)]) == "once"
+    # rows -> rows: long runs of each rank's own
+    assert choose_reads([TensorReads("w", 4, rows4, rows2)]) == "own"
+    # a replicated destination, however small
+    tiny = (3, 2)
+    assert choose_reads([TensorReads("b", 1, (Box((0, 0), tiny),),
+                                     Layout(tiny, [Shard(Box((0, 0), tiny), r) for r in (0, 1)]))
+                         ]) == "once"  # fmt: skip
+    assert choose_reads([TensorReads("w", 4, rows4, replicated)]) == "once"
+    # small strided pieces (48 x 40 float32 rows -> columns): reading them is cheap
+    small = (48, 40)
+    s_rows = tuple(s.box for s in chunk_layout(small, 0, [0, 1, 2, 3]).shards)
+    assert choose_reads([TensorReads("s", 4, s_rows, chunk_layout(small, 1, [0, 1]))]) == "own"
+    # a pre-resharded checkpoint: each saved chunk is one rank's box
+    assert choose_reads([TensorReads("w", 4, tuple(s.box for s in cols2.shards), cols2)]) == "own"
+    # an empty tensor replicated: nothing to read twice
+    empty = Layout((0, 3), [Shard(Box((0, 0), (0, 3)), r) for r in (0, 1)])
+    assert choose_reads([TensorReads("e", 4, (Box((0, 0), (0, 3)),), empty)]) == "own"
+
+
+@pytest.mark.rule("CKPT-24")
+def test_a_pre_resharded_checkpoint_is_read_by_the_ranks_that_hold_it() -> None:
+    dst = chunk_layout(BIG, 0, [3, 2, 1, 0])
+    runs = assign_reads([TensorReads("w", 4, tuple(s.box for s in dst.shards), dst)], 4)
+    assert {(r.box, r.reader) for r in runs} == {(s.box, s.rank) for s in dst.shards}
+
+
+@pytest.mark.rule("CKPT-24")
+def test_a_replicated_model_is_read_once_spread_over_the_ranks() -> None:
+    # 8 tensors of 8 MiB replicated on 4 ranks: each rank reads two of them
+    whole = Box((0, 0), BIG)
+    dst = Layout(BIG, [Shard(whole, r) for r in range(4)])
+    tensors = [TensorReads(f"w{i}", 4, (whole,), dst) for i in range(8)]
+    runs = assign_reads(tensors, 4)
+    assert len(runs) == 8
+    assert Counter(r.reader for r in runs) == {0: 2, 1: 2, 2: 2, 3: 2}

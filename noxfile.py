@@ -282,6 +282,8 @@ SCALE_AREAS = (
     "conformance/tests/test_fsdp.py",
     # real dcp.save on one simulated world and dcp.load on another, up to 64 ranks (files)
     "conformance/tests/test_checkpoint.py::test_a_checkpoint_saved_on_one_world_loads_on_another",
+    # the collective load (both read modes) between simulated worlds of up to 64 ranks
+    "conformance/tests/test_checkpoint_collective_load.py",
     # every rank of a mesh as one program on LocalTensorMode (against torch; shardspec's
     # frontends are reported unsupported there and run on the threaded worlds above)
     *LOCAL_TESTS,

@@ -26,7 +26,7 @@ def full_tensor(name: str, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
 
 def _build(full: torch.Tensor, how: tuple[Any, ...], zero: bool) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor import distribute_tensor
 
     src = torch.zeros_like(full) if zero else full
     if how[0] == "plain":
@@ -34,8 +34,27 @@ def _build(full: torch.Tensor, how: tuple[Any, ...], zero: bool) -> Any:
     if how[0] == "st":
         return make_sharded_tensor(src, how[1])
     mesh = init_device_mesh("cpu", how[1])
-    placements = [Shard(p[1]) if p[0] == "S" else Replicate() for p in how[2]]
-    return distribute_tensor(src, mesh, placements)
+    if any(p[0] == "SS" for p in how[2]):
+        # torch's distribute_tensor asserts on a leading _StridedShard; ours places it
+        # (DTENSOR-7), and the "default" load (dcp.load) checks it independently
+        from shardspec.reshard.dtensor_io import distribute_dtensor
+
+        return distribute_dtensor(src, mesh, _placements(how[2]), src_rank=None)
+    return distribute_tensor(src, mesh, _placements(how[2]))
+
+
+def _placements(spec: list[Any]) -> list[Any]:
+    """("S", dim), ("R",), or ("SS", dim, split_factor): a _StridedShard (FSDP2 + TP)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    out: list[Any] = []
+    for p in spec:
+        if p[0] == "SS":
+            out.append(_StridedShard(p[1], split_factor=p[2]))
+        else:
+            out.append(Shard(p[1]) if p[0] == "S" else Replicate())
+    return out
 
 
 def _expected_locals(full: torch.Tensor, how: tuple[Any, ...]) -> list[torch.Tensor]:
@@ -224,4 +243,41 @@ def load_safetensors(
             for n, t in plain.items():
                 if not same_bits(t, sd[n]):
                     failures.append(f"rank {rank} {n}: HuggingFaceStorageReader loaded other bytes")
+    return {"failures": failures, "stats": vars(stats)}
+
+
+def load_on_subgroups(
+    rank: int, world: int, path: str, entries: list[tuple[Entry, tuple[Any, ...]]], reads: str
+) -> dict[str, Any]:
+    """Ranks {0, 2} and {1, 3} each load the checkpoint on their own group, into plain tensors
+    and a DTensor on the group's own 1-D mesh; the failures against the saved values."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from shardspec.checkpoint.load import load as collective_load
+
+    # mesh dim "s" holds ranks (0, 2) and (1, 3): its groups are the two subgroups
+    grid = DeviceMesh("cpu", [[0, 2], [1, 3]], mesh_dim_names=("g", "s"))
+    mesh = grid["s"]
+    mine = grid.get_group("s")
+    assert sorted(dist.get_process_group_ranks(mine)) == [rank % 2, rank % 2 + 2]
+    sd: dict[str, Any] = {}
+    fulls = {}
+    for (name, shape, dt), _ in entries:
+        fulls[name] = full_tensor(name, shape, dt)
+        if len(shape) and name.startswith("dt"):
+            sd[name] = distribute_tensor(torch.zeros_like(fulls[name]), mesh, [Shard(0)])
+        else:
+            sd[name] = torch.zeros_like(fulls[name])
+    sd["step"] = {"epoch": 0, "note": ""}
+    stats = collective_load(sd, path, group=mine, reads=reads)
+    failures = []
+    for name, full in fulls.items():
+        obj = sd[name]
+        got = obj.full_tensor() if hasattr(obj, "full_tensor") else obj
+        if not same_bits(got, full):
+            failures.append(f"rank {rank} {name}: loaded bytes differ")
+    if sd["step"] != {"epoch": 3, "note": "not a tensor"}:
+        failures.append(f"rank {rank}: the value loaded as {sd['step']!r}")
     return {"failures": failures, "stats": vars(stats)}

@@ -192,3 +192,47 @@ def test_a_safetensors_checkpoint_loads_as_tp_shards_and_whole(
     if reads == "once":
         total = sum(torch.Size(s).numel() * getattr(torch, d).itemsize for _, s, d in HF)
         assert sum(s["data_bytes"] for s in stats) == total
+
+
+@pytest.mark.rule("CKPT-23", "CKPT-24")
+@pytest.mark.parametrize("reads", ["own", "once"])
+def test_two_subgroups_load_side_by_side(
+    pools: dict[int, RankPool], tmp_path: Path, reads: str
+) -> None:
+    from dcp_load_cases import load_on_subgroups
+
+    pools[2].call(save, str(tmp_path), entries(ON_2, 1), True)
+    results = pools[4].call(load_on_subgroups, str(tmp_path), entries(ON_2, 1), reads)
+    failures = [f for r in results for f in r["failures"]]
+    assert not failures, failures
+    if reads == "once":
+        # each group of 2 reads every tensor byte once: the job, twice
+        tensor_bytes = saved_data_bytes(entries(ON_2, 1))
+        for group in ((0, 2), (1, 3)):
+            assert sum(results[r]["stats"]["data_bytes"] for r in group) == tensor_bytes
+
+
+# FSDP2 + TP's _StridedShard on the FSDP mesh dim, against DCP's own load of the same
+STRIDED = [
+    (
+        ("dt.strided", (12, 5), "float32"),
+        ("dt", (4,), [("S", 0)]),
+        ("dt", (2, 2), [("SS", 0, 2), ("S", 0)]),
+    ),
+    (
+        ("dt.strided.uneven", (7, 3), "int32"),
+        ("dt", (2, 2), [("S", 1), ("S", 0)]),
+        ("dt", (2, 2), [("SS", 0, 2), ("S", 0)]),
+    ),
+]
+
+
+@pytest.mark.rule("CKPT-23")
+@pytest.mark.parametrize("mode", [*MODES, "default"])
+def test_strided_shards_of_fsdp2_with_tp_load(
+    pools: dict[int, RankPool], tmp_path: Path, mode: str
+) -> None:
+    pools[4].call(save, str(tmp_path), entries(STRIDED, 1), True)
+    results = pools[4].call(load, str(tmp_path), entries(STRIDED, 2), mode)
+    failures = [f for r in results for f in r["failures"]]
+    assert not failures, failures

@@ -25,7 +25,6 @@ from shardspec.testing.ops import Context, operation
 __all__: list[str] = []
 
 KEY = "t"
-VALUE = "v"
 
 
 @operation("checkpoint.save", collective=True, check=layout_check)
@@ -39,8 +38,7 @@ def _save(
     via = via_of(args)
     st = sharded_tensor_of(ctx, layout, getattr(torch, args["dtype"]), ts, via)
     sd: dict[str, Any] = {KEY: st}
-    if "value" in args:  # a non-tensor value saved beside the tensor
-        sd[VALUE] = args["value"]
+    sd.update(args.get("values", {}))  # non-tensor values saved beside the tensor
     dcp.save(sd, checkpoint_id=args["path"], planner=_save_planner(via))
     return None, []
 
@@ -136,7 +134,7 @@ def _check_collective(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
 def _collective_load(
     ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
 ) -> tuple[Any, list[torch.Tensor]]:
-    """A collective load of ``path`` into ``{"t": tensor, "v": {"n": 0}}``: with shardspec,
+    """A collective load of ``path`` into ``{"t": tensor, "v": {"n": 0}, "w": 0}``: with shardspec,
     ``shardspec.checkpoint.load`` with ``reads`` (tracing the byte ranges each rank read);
     with torch, ``dcp.load`` with DCP's default planner and reader (its only way to read).
     The tensor as in ``checkpoint.load``, or (``kind`` plain) a plain tensor of ``fill`` on
@@ -148,7 +146,7 @@ def _collective_load(
         obj: Any = torch.full(tuple(args["shape"]), args["fill"], dtype=dtype, device=ctx.device)
     else:
         obj = _target(ctx, args, ts, via)
-    sd: dict[str, Any] = {KEY: obj, VALUE: {"n": 0}}
+    sd: dict[str, Any] = {KEY: obj, "v": {"n": 0}, "w": 0}
     facts: dict[str, Any] = {"error": None, "stats": None}
     try:
         if via == "shardspec":
@@ -167,7 +165,7 @@ def _collective_load(
             dcp.load(sd, checkpoint_id=args["path"])
     except BaseException as e:  # DCP's CheckpointException is a BaseException
         facts["error"] = f"{type(e).__name__}: {e}"
-    facts["value"] = sd[VALUE]
+    facts["value"] = {"v": sd["v"], "w": sd["w"]}
     if args["kind"] == "sharded":
         return facts, [s.tensor for s in obj.local_shards()]
     if args["kind"] == "dtensor":

@@ -225,16 +225,17 @@ class Impl:
         example: str,
     ) -> list[Any]:
         """A real ``dcp.save`` on ``save_pool``'s ranks of ``{"t": ShardedTensor of saved's
-        boxes of tensor, "v": {"n": 7}}``; then, when ``damage`` says so, the file holding the
-        largest chunk of ``t`` is cut short (``truncate``), removed (``remove``), or the
-        ``.metadata`` replaced by junk (``metadata``); then the implementation's collective
-        load (CKPT-23 to CKPT-27) on ``load_pool``'s ranks into ``{"t": load, "v": {"n": 0}}``
-        (``load`` as in :meth:`checkpoint_round_trip`, or ``{"kind": "plain"}``: a plain
-        tensor on every rank) with ``reads``. Per load rank a RankResult whose value holds
-        ``error`` (what the rank raised, or None), ``value`` (the loaded ``v``), ``stats``
-        (``reads``, ``data_bytes``, ``value_bytes``, ``ranges``: (file, start, stop) of each
-        byte range read, or None when the implementation does not say) and whose tensors are
-        its local tensors after the load."""
+        boxes of tensor, "v": {"n": 7}, "w": 5}``; then, when ``damage`` says so, the file
+        holding the largest chunk of ``t`` is cut short (``truncate``), removed (``remove``),
+        or the ``.metadata`` replaced by junk (``metadata``); then the implementation's
+        collective load (CKPT-23 to CKPT-27) on ``load_pool``'s ranks into ``{"t": load,
+        "v": {"n": 0}, "w": 0}`` (``load`` as in :meth:`checkpoint_round_trip`, or ``{"kind":
+        "plain"}``: a plain tensor on every rank) with ``reads``. Per load rank a RankResult
+        whose value holds ``error`` (what the rank raised, or None), ``value`` (``{"v": ...,
+        "w": ...}`` as loaded), ``stats`` (``reads``, ``data_bytes``, ``value_bytes``,
+        ``ranges``: (file, start, stop) of each byte range read, or None when the
+        implementation does not say) and whose tensors are its local tensors after the
+        load."""
         import tempfile
 
         import torch
@@ -246,7 +247,7 @@ class Impl:
         dtype = str(tensor.dtype).removeprefix("torch.")
         with tempfile.TemporaryDirectory(prefix="shardspec-cload-") as path:
             save_args = {"path": path, "layout": layout_to_json(saved), "dtype": dtype,
-                         "value": {"n": 7}}  # fmt: skip
+                         "values": {"v": {"n": 7}, "w": 5}}  # fmt: skip
             inputs = [
                 [tensor[b.slices()].contiguous() for b in saved.boxes_of(r)]
                 for r in range(save_pool.world_size)

@@ -281,3 +281,37 @@ def load_on_subgroups(
     if sd["step"] != {"epoch": 3, "note": "not a tensor"}:
         failures.append(f"rank {rank}: the value loaded as {sd['step']!r}")
     return {"failures": failures, "stats": vars(stats)}
+
+
+def load_peer(
+    rank: int,
+    world: int,
+    path: str,
+    tensors: dict[str, tuple[tuple[int, ...], str]],
+    values: list[str],
+    reads: str,
+) -> dict[str, Any]:
+    """``shardspec.checkpoint.load`` of a checkpoint another library wrote: each tensor as a
+    DTensor sharded by rows over the world (whole when 0-d), each named value as a plain
+    value; returns the full tensors (gathered by the test's own all-gather) and the values."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from shardspec.checkpoint.load import load as collective_load
+
+    mesh = init_device_mesh("cpu", (world,))
+    sd: dict[str, Any] = {}
+    for name, (shape, dt) in tensors.items():
+        zeros = torch.full(shape, -1, dtype=getattr(torch, dt))
+        sd[name] = distribute_tensor(zeros, mesh, [Shard(0) if shape else Replicate()])
+    for name in values:
+        sd[name] = None
+    stats = collective_load(sd, path, reads=reads)
+    out = {}
+    for name in tensors:
+        local = sd[name].to_local().contiguous()
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, local)
+        out[name] = torch.cat(gathered) if local.dim() else gathered[0]
+    return {"tensors": out, "values": {n: sd[n] for n in values}, "stats": vars(stats)}

@@ -279,3 +279,24 @@ def test_no_other_name_of_bytecheckpoint_is_read(tmp_path: Path, name: str) -> N
         read_metadata(bad)
     assert f"{err.value.module}.{err.value.name}" == name
     assert "bytecheckpoint" not in sys.modules
+
+
+@pytest.mark.rule("CKPT-19", "CKPT-23", "CKPT-24")
+@pytest.mark.parametrize("reads", ["own", "once"])
+def test_the_collective_load_reads_it_on_two_ranks(reads: str) -> None:
+    from dcp_load_cases import load_peer
+
+    from shardspec.testing import get_pool
+
+    want = expected()
+    pool = get_pool(2, timeout=180)
+    dt = {k: (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in want.items()}
+    model = pool.call(load_peer, str(MODEL), {k: dt[k] for k in SHAPES}, [], reads)
+    keys = [k for k in want if k.startswith("state.")]
+    optim = pool.call(load_peer, str(OPTIM), {k: dt[k] for k in keys}, ["param_groups"], reads)
+    for results in (model, optim):
+        for r in results:
+            for k, v in r["tensors"].items():
+                assert_bits(k, v, want[k])
+    groups = optim[1]["values"]["param_groups"]
+    assert groups[0]["lr"] == 0.125 and tuple(groups[0]["betas"]) == (0.5, 0.75)

@@ -210,6 +210,8 @@ def load(
     for k in keys:
         if isinstance(state_dict[k], Stateful):
             state_dict[k].load_state_dict(stateful_sd[k])
+        else:  # as dcp.load: a top-level value is replaced by the loaded one
+            state_dict[k] = stateful_sd[k]
     return stats
 
 

@@ -175,7 +175,7 @@ def load_failing(
     tweak: str = "",
 ) -> str:
     """``shardspec.checkpoint.load`` expected to fail; ``tweak`` spoils rank 1's state dict
-    ("shape", "dtype", "key", "kind") or every rank's ("missing"). Returns what this rank
+    ("shape", "dtype", "key", "kind", "plain") or every rank's ("missing"). Returns what this rank
     raised (type and message) or "no error"."""
     from shardspec.checkpoint.load import load as collective_load
 
@@ -193,6 +193,8 @@ def load_failing(
         sd["not.saved"] = torch.zeros(2)
     elif rank == 1 and tweak == "kind":
         sd[first] = 7
+    elif rank == 1 and tweak == "plain":  # fine on its own, but not what the others hold
+        sd[first] = torch.zeros(entries[0][0][1], dtype=getattr(torch, entries[0][0][2]))
     try:
         collective_load(sd, path, reads=reads)
     except Exception as e:

@@ -83,6 +83,7 @@ def same_error_everywhere(answers: list[str]) -> str:
         ("key", ["rank 1", "'not.saved' of the state dict is not in the checkpoint"]),
         ("kind", ["rank 1", "'dt.rows' is a int in the state dict but a tensor of shape (10, 6)"]),
         ("missing", ["ranks 0, 1", "'not.saved' of the state dict is not in the checkpoint"]),
+        ("plain", ["the ranks disagree on the keys, the destination layouts", "rank 0 vs rank 1"]),
     ],
 )
 def test_a_state_dict_that_does_not_match_fails_on_every_rank(

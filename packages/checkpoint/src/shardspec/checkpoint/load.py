@@ -129,12 +129,8 @@ def load(
     now = time.perf_counter()
     stats.seconds["metadata"], clock = now - clock, now
 
-    # As dcp.load: a Stateful value is loaded through its state_dict() and load_state_dict().
     keys = sorted(state_dict)
-    stateful_sd = {
-        k: state_dict[k].state_dict() if isinstance(state_dict[k], Stateful) else state_dict[k]
-        for k in keys
-    }
+    stateful_sd: dict[str, Any] = {}
     error: str | None = None
     digest = b""
     targets: list[_Target] = []
@@ -145,6 +141,10 @@ def load(
     try:
         from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
+        # As dcp.load: a Stateful value is loaded through state_dict() and load_state_dict().
+        for k in keys:
+            v = state_dict[k]
+            stateful_sd[k] = v.state_dict() if isinstance(v, Stateful) else v
         flat, mappings = flatten_state_dict(stateful_sd)
         targets, values = _targets(flat, md, path, group, rank, world)
         plans = [
@@ -168,10 +168,11 @@ def load(
     now = time.perf_counter()
     stats.seconds["plan"], clock = now - clock, now
 
-    reader = _reader(path, md, rank, thread_count, trace_reads, hf)
+    reader: Any = None
     got: dict[str, Any] = {}  # fqn -> the stored bytes of a non-tensor value (once)
     held: dict[str, list[torch.Tensor]] = {}
     try:
+        reader = _reader(path, md, rank, thread_count, trace_reads, hf)
         if mode == "own":
             _read_own(reader, targets, values, rank, got, stats)
         else:

@@ -24,6 +24,7 @@ from conformance.cases import case
 from conformance.codec import layout_from_json
 from conformance.impls import Impl
 from shardspec.metadata import Box, Layout, Shard
+from shardspec.testing.devices import simulated_worlds
 
 from .test_checkpoint import ROWS_TO_COLUMNS_BF16, _describe_load, round_trips
 
@@ -108,6 +109,16 @@ REPLICATED_AUTO = {
 }
 
 
+def _examples(test: Any) -> Any:
+    """The explicit examples, on pools of 2 to 4 ranks; on simulated worlds
+    (conformance_scale) only the drawn ones run: the pooled suite runs these."""
+    if simulated_worlds():
+        return test
+    for ex in (REPLICATED_AUTO, ROWS_TO_COLUMNS_OWN, TRUNCATED_ONCE, ROWS_TO_PLAIN_ONCE):
+        test = example(ex)(test)
+    return test
+
+
 @pytest.mark.rule("CKPT-23", "CKPT-24", "CKPT-25", "CKPT-26", "CKPT-27")
 @pytest.mark.known_defect(
     "torch",
@@ -119,10 +130,7 @@ REPLICATED_AUTO = {
 )
 @pytest.mark.pool
 @given(collective_loads())
-@example(ROWS_TO_PLAIN_ONCE)
-@example(TRUNCATED_ONCE)
-@example(ROWS_TO_COLUMNS_OWN)
-@example(REPLICATED_AUTO)
+@_examples
 def test_a_collective_load_gives_every_rank_the_reference_or_fails_on_all(
     impl: Impl, pools: Any, c: dict[str, Any]
 ) -> None:

@@ -134,9 +134,11 @@ def _check_collective(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
 def _collective_load(
     ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
 ) -> tuple[Any, list[torch.Tensor]]:
-    """A collective load of ``path`` into ``{"t": tensor, "v": {"n": 0}, "w": 0}``: with shardspec,
+    """A collective load of ``path`` into ``{"t": tensor, "v": {"n": 0}, "w": 0}`` (``{"t":
+    tensor}`` from a safetensors checkpoint, ``safetensors``): with shardspec,
     ``shardspec.checkpoint.load`` with ``reads`` (tracing the byte ranges each rank read);
-    with torch, ``dcp.load`` with DCP's default planner and reader (its only way to read).
+    with torch, ``dcp.load`` with DCP's default planner and reader (its only way to read), or
+    with its ``HuggingFaceStorageReader``.
     The tensor as in ``checkpoint.load``, or (``kind`` plain) a plain tensor of ``fill`` on
     every rank. Returns ``error`` (what this rank raised, or None), the loaded value, the
     rank's load stats (shardspec) and its local tensors after the load."""
@@ -146,7 +148,8 @@ def _collective_load(
         obj: Any = torch.full(tuple(args["shape"]), args["fill"], dtype=dtype, device=ctx.device)
     else:
         obj = _target(ctx, args, ts, via)
-    sd: dict[str, Any] = {KEY: obj, "v": {"n": 0}, "w": 0}
+    hf = bool(args.get("safetensors"))
+    sd: dict[str, Any] = {KEY: obj} if hf else {KEY: obj, "v": {"n": 0}, "w": 0}
     facts: dict[str, Any] = {"error": None, "stats": None}
     try:
         if via == "shardspec":
@@ -159,13 +162,18 @@ def _collective_load(
                 "value_bytes": stats.value_bytes,
                 "ranges": [list(r) for r in stats.ranges],
             }
+        elif hf:
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+            dcp.load(sd, storage_reader=HuggingFaceStorageReader(args["path"]))
         else:
             import torch.distributed.checkpoint as dcp
 
             dcp.load(sd, checkpoint_id=args["path"])
     except BaseException as e:  # DCP's CheckpointException is a BaseException
         facts["error"] = f"{type(e).__name__}: {e}"
-    facts["value"] = {"v": sd["v"], "w": sd["w"]}
+    facts["value"] = None if hf else {"v": sd["v"], "w": sd["w"]}
     if args["kind"] == "sharded":
         return facts, [s.tensor for s in obj.local_shards()]
     if args["kind"] == "dtensor":

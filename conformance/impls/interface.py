@@ -273,6 +273,53 @@ class Impl:
                 per_rank_tensors=per_rank, example=example,
             )  # fmt: skip
 
+    def checkpoint_safetensors_load(
+        self, load_pool: Any, tensor: Any, files: int, load: dict[str, Any], reads: str,
+        example: str,
+    ) -> list[Any]:  # fmt: skip
+        """A Hugging Face checkpoint of ``{"t": tensor}`` written by ``safetensors``'
+        ``save_file`` beside other tensors (``files`` shards with their index JSON), loaded
+        by the implementation's collective load (CKPT-22, CKPT-23) on ``load_pool``'s ranks
+        into ``load`` as :meth:`checkpoint_collective_load` does (no values)."""
+        import json
+        import tempfile
+
+        import torch
+        from safetensors.torch import save_file
+
+        from conformance.codec import layout_from_json
+
+        if self.via is None:
+            raise self.unsupported("a collective load of a safetensors checkpoint")
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        with tempfile.TemporaryDirectory(prefix="shardspec-hf-") as path:
+            others = {f"layers.{i}.w": torch.full((i + 1, 3), i, dtype=tensor.dtype)
+                      for i in range(2 * files - 1)}  # fmt: skip
+            names = sorted(others) + ["t"]
+            tensors = {**others, "t": tensor.contiguous()}
+            weight_map = {}
+            for k in range(files):
+                fname = f"model-{k + 1:05d}-of-{files:05d}.safetensors"
+                part = names[k::files]
+                save_file({n: tensors[n] for n in part}, f"{path}/{fname}")
+                weight_map.update(dict.fromkeys(part, fname))
+            with open(f"{path}/model.safetensors.index.json", "w", encoding="utf-8") as f:
+                json.dump({"metadata": {}, "weight_map": weight_map}, f)
+            args = {**load, "path": path, "dtype": dtype, "fill": 1, "reads": reads,
+                    "shape": list(tensor.shape), "safetensors": True}  # fmt: skip
+            per_rank: list[list[Any]] = [[] for _ in range(load_pool.world_size)]
+            if load["kind"] == "sharded":
+                dst = layout_from_json(load["layout"])
+                ones = torch.ones((), dtype=tensor.dtype)
+                per_rank = [
+                    [ones.expand(b.sizes).contiguous() for b in dst.boxes_of(r)]
+                    for r in range(load_pool.world_size)
+                ]
+            return self._run_via(  # type: ignore[no-any-return]
+                "safetensors load", load_pool, "checkpoint.collective_load", args,
+                per_rank_tensors=per_rank, example=example,
+            )  # fmt: skip
+
     def checkpoint_offline(
         self,
         save_pool: Any,

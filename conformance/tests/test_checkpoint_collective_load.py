@@ -202,3 +202,45 @@ def _check_no_byte_read_twice(ranges: list[list[list[Any]]], ex: str) -> None:
                 f"bytes [{a2}, {min(b1, b2)}) of {f1} read by rank {r1} and rank {r2} "
                 f"with reads='once' [{ex}]"
             )
+
+
+@st.composite
+def safetensors_loads(draw: st.DrawFn) -> dict[str, Any]:
+    """A drawn tensor and destination (as round_trips draws them, or a plain tensor), in a
+    Hugging Face checkpoint of 1 to 3 shards, loaded with a drawn read mode."""
+    c = draw(round_trips())
+    if draw(st.integers(0, 3)) == 0:
+        c["load"] = {"kind": "plain"}
+    c["reads"] = draw(st.sampled_from(READS))
+    c["files"] = draw(st.integers(1, 3))
+    return c
+
+
+@pytest.mark.rule("CKPT-22", "CKPT-23", "CKPT-24")
+@pytest.mark.pool
+@given(safetensors_loads())
+def test_a_safetensors_checkpoint_loads_the_reference_on_every_rank(
+    impl: Impl, pools: Any, c: dict[str, Any]
+) -> None:
+    t, load = c["tensor"], c["load"]
+    where = "a plain tensor on every rank" if load["kind"] == "plain" else _describe_load(load)
+    ex = (
+        f"safetensors checkpoint of {c['files']} file(s) holding t={tuple(t.shape)} {t.dtype}, "
+        f"collective load (reads={c['reads']}) on {c['load_world']} ranks into {where}"
+    )
+    with case():
+        results = impl.checkpoint_safetensors_load(
+            pools(c["load_world"]), t, c["files"], load, c["reads"], ex
+        )
+        assert_equal("errors", [r.value["error"] for r in results], [None] * len(results), ex)
+        for r in results:
+            want = _want(t, load, r.rank)
+            assert_equal(f"rank{r.rank}.local tensors", len(r.tensors), len(want), ex)
+            for i, (got, w) in enumerate(zip(r.tensors, want)):
+                assert_tensor_bitwise(f"rank{r.rank}.loaded[{i}]", got, w, ex)
+        stats = [r.value["stats"] for r in results]
+        if stats[0] is not None and stats[0]["reads"] == "once":
+            nbytes = t.numel() * t.element_size()
+            assert_equal("tensor bytes read by the job", sum(s["data_bytes"] for s in stats),
+                         nbytes, ex)  # fmt: skip
+            _check_no_byte_read_twice([s["ranges"] for s in stats], ex)

@@ -183,35 +183,31 @@ class Impl:
         load rank a RankResult whose tensors are its local tensors after the load."""
         import tempfile
 
-        import torch
-
-        from conformance.codec import layout_from_json, layout_to_json
-
-        dtype = str(tensor.dtype).removeprefix("torch.")
         with tempfile.TemporaryDirectory(prefix="shardspec-ckpt-") as path:
-            save_args = {"path": path, "layout": layout_to_json(saved), "dtype": dtype}
-            inputs = [
-                [tensor[b.slices()].contiguous() for b in saved.boxes_of(r)]
-                for r in range(save_pool.world_size)
-            ]
-            self._run_via(
-                "DCP save", save_pool, "checkpoint.save", save_args,
-                per_rank_tensors=inputs, example=example,
-            )  # fmt: skip
-            load_args = {**load, "path": path, "dtype": dtype, "fill": 1,
+            self._dcp_save(save_pool, path, saved, tensor, example)
+            load_args = {**load, "path": path, "dtype": _dtype_name(tensor), "fill": 1,
                          "shape": list(tensor.shape)}  # fmt: skip
-            per_rank: list[list[Any]] = [[] for _ in range(load_pool.world_size)]
-            if load["kind"] == "sharded":
-                dst = layout_from_json(load["layout"])
-                ones = torch.ones((), dtype=tensor.dtype)
-                per_rank = [
-                    [ones.expand(b.sizes).contiguous() for b in dst.boxes_of(r)]
-                    for r in range(load_pool.world_size)
-                ]
             return self._run_via(  # type: ignore[no-any-return]
                 "DCP load", load_pool, "checkpoint.load", load_args,
-                per_rank_tensors=per_rank, example=example,
+                per_rank_tensors=_ones_of(load, tensor, load_pool.world_size), example=example,
             )  # fmt: skip
+
+    def _dcp_save(
+        self, pool: Any, path: str, saved: Layout, tensor: Any, example: str, **extra: Any
+    ) -> None:
+        """``checkpoint.save`` on the pool's ranks: ``saved``'s boxes of ``tensor`` (and
+        ``extra`` arguments: ``values`` saved beside it) to ``path``."""
+        from conformance.codec import layout_to_json
+
+        args = {"path": path, "layout": layout_to_json(saved), "dtype": _dtype_name(tensor),
+                **extra}  # fmt: skip
+        inputs = [
+            [tensor[b.slices()].contiguous() for b in saved.boxes_of(r)]
+            for r in range(pool.world_size)
+        ]
+        self._run_via(
+            "DCP save", pool, "checkpoint.save", args, per_rank_tensors=inputs, example=example
+        )
 
     def checkpoint_collective_load(
         self,
@@ -238,39 +234,18 @@ class Impl:
         load."""
         import tempfile
 
-        import torch
-
-        from conformance.codec import layout_from_json, layout_to_json
-
         if self.via is None:
             raise self.unsupported("a collective checkpoint load")
-        dtype = str(tensor.dtype).removeprefix("torch.")
         with tempfile.TemporaryDirectory(prefix="shardspec-cload-") as path:
-            save_args = {"path": path, "layout": layout_to_json(saved), "dtype": dtype,
-                         "values": {"v": {"n": 7}, "w": 5}}  # fmt: skip
-            inputs = [
-                [tensor[b.slices()].contiguous() for b in saved.boxes_of(r)]
-                for r in range(save_pool.world_size)
-            ]
-            self._run_via(
-                "DCP save", save_pool, "checkpoint.save", save_args,
-                per_rank_tensors=inputs, example=example,
-            )  # fmt: skip
+            values = {"v": {"n": 7}, "w": 5}
+            self._dcp_save(save_pool, path, saved, tensor, example, values=values)
             if damage is not None:
                 _damage(path, damage)
-            load_args = {**load, "path": path, "dtype": dtype, "fill": 1, "reads": reads,
-                         "shape": list(tensor.shape)}  # fmt: skip
-            per_rank: list[list[Any]] = [[] for _ in range(load_pool.world_size)]
-            if load["kind"] == "sharded":
-                dst = layout_from_json(load["layout"])
-                ones = torch.ones((), dtype=tensor.dtype)
-                per_rank = [
-                    [ones.expand(b.sizes).contiguous() for b in dst.boxes_of(r)]
-                    for r in range(load_pool.world_size)
-                ]
+            load_args = {**load, "path": path, "dtype": _dtype_name(tensor), "fill": 1,
+                         "reads": reads, "shape": list(tensor.shape)}  # fmt: skip
             return self._run_via(  # type: ignore[no-any-return]
                 "collective load", load_pool, "checkpoint.collective_load", load_args,
-                per_rank_tensors=per_rank, example=example,
+                per_rank_tensors=_ones_of(load, tensor, load_pool.world_size), example=example,
             )  # fmt: skip
 
     def checkpoint_safetensors_load(
@@ -287,11 +262,8 @@ class Impl:
         import torch
         from safetensors.torch import save_file
 
-        from conformance.codec import layout_from_json
-
         if self.via is None:
             raise self.unsupported("a collective load of a safetensors checkpoint")
-        dtype = str(tensor.dtype).removeprefix("torch.")
         with tempfile.TemporaryDirectory(prefix="shardspec-hf-") as path:
             others = {f"layers.{i}.w": torch.full((i + 1, 3), i, dtype=tensor.dtype)
                       for i in range(2 * files - 1)}  # fmt: skip
@@ -305,19 +277,11 @@ class Impl:
                 weight_map.update(dict.fromkeys(part, fname))
             with open(f"{path}/model.safetensors.index.json", "w", encoding="utf-8") as f:
                 json.dump({"metadata": {}, "weight_map": weight_map}, f)
-            args = {**load, "path": path, "dtype": dtype, "fill": 1, "reads": reads,
-                    "shape": list(tensor.shape), "safetensors": True}  # fmt: skip
-            per_rank: list[list[Any]] = [[] for _ in range(load_pool.world_size)]
-            if load["kind"] == "sharded":
-                dst = layout_from_json(load["layout"])
-                ones = torch.ones((), dtype=tensor.dtype)
-                per_rank = [
-                    [ones.expand(b.sizes).contiguous() for b in dst.boxes_of(r)]
-                    for r in range(load_pool.world_size)
-                ]
+            args = {**load, "path": path, "dtype": _dtype_name(tensor), "fill": 1,
+                    "reads": reads, "shape": list(tensor.shape), "safetensors": True}  # fmt: skip
             return self._run_via(  # type: ignore[no-any-return]
                 "safetensors load", load_pool, "checkpoint.collective_load", args,
-                per_rank_tensors=per_rank, example=example,
+                per_rank_tensors=_ones_of(load, tensor, load_pool.world_size), example=example,
             )  # fmt: skip
 
     def checkpoint_offline(
@@ -814,3 +778,21 @@ def _damage(path: str, how: str) -> str:
     else:
         raise ValueError(f"damage must be metadata, remove or truncate, got {how!r}")
     return rel
+
+
+def _dtype_name(tensor: Any) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def _ones_of(load: dict[str, Any], tensor: Any, world: int) -> list[list[Any]]:
+    """Per rank, the local tensors a load into ``load`` starts from: ones, one per box of a
+    ShardedTensor destination (the other kinds build their own)."""
+    import torch
+
+    from conformance.codec import layout_from_json
+
+    if load["kind"] != "sharded":
+        return [[] for _ in range(world)]
+    dst = layout_from_json(load["layout"])
+    ones = torch.ones((), dtype=tensor.dtype)
+    return [[ones.expand(b.sizes).contiguous() for b in dst.boxes_of(r)] for r in range(world)]

@@ -144,23 +144,6 @@ class ShardspecImpl(Impl):
         mine = [ChunkStorageMetadata(list(b.offsets), list(b.sizes)) for b in local]
         return read_regions(read_items_for_chunks("t", checkpoint_storage(shape, saved), mine))
 
-    def _save(self, pool: Any, path: str, layout: Layout, tensor: Any, example: str) -> None:
-        """A real ``dcp.save`` on the pool's ranks of ``layout``'s boxes of ``tensor``."""
-        from conformance.codec import layout_to_json
-
-        args = {
-            "path": path,
-            "layout": layout_to_json(layout),
-            "dtype": str(tensor.dtype).removeprefix("torch."),
-        }
-        inputs = [
-            [tensor[b.slices()].contiguous() for b in layout.boxes_of(r)]
-            for r in range(pool.world_size)
-        ]
-        self._run_via(
-            "DCP save", pool, "checkpoint.save", args, per_rank_tensors=inputs, example=example
-        )
-
     def checkpoint_offline(
         self,
         save_pool: Any,
@@ -186,10 +169,10 @@ class ShardspecImpl(Impl):
         facts: dict[str, Any] = {"chunks": [], "loaded": []}
         with tempfile.TemporaryDirectory(prefix="shardspec-offline-") as tmp:
             src, dst = os.path.join(tmp, "src"), os.path.join(tmp, "dst")
-            self._save(save_pool, src, saved, tensor, example)
+            self._dcp_save(save_pool, src, saved, tensor, example)
             if how == "like":
                 like = os.path.join(tmp, "like")
-                self._save(load_pool, like, target["layout"], torch.zeros_like(tensor), example)
+                self._dcp_save(load_pool, like, target["layout"], torch.zeros_like(tensor), example)
                 facts["like_chunks"] = _saved_chunks(like)
                 argv = ["reshard", src, dst, "--like", like]
             else:
@@ -239,8 +222,8 @@ class ShardspecImpl(Impl):
 
         with tempfile.TemporaryDirectory(prefix="shardspec-diff-") as tmp:
             path_a, path_b = os.path.join(tmp, "a"), os.path.join(tmp, "b")
-            self._save(pool_a, path_a, a, tensor_a, example)
-            self._save(pool_b, path_b, b, tensor_b, example)
+            self._dcp_save(pool_a, path_a, a, tensor_a, example)
+            self._dcp_save(pool_b, path_b, b, tensor_b, example)
             argv = ["diff", path_a, path_b, "--values", "--progress", "never", *options]
             rc, out, err = _command(argv)
             json_rc, json_out, json_err = _command([*argv, "--json"])

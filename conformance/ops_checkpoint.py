@@ -153,7 +153,7 @@ def _collective_load(
     facts: dict[str, Any] = {"error": None, "stats": None}
     try:
         if via == "shardspec":
-            from shardspec.checkpoint.load import load
+            from shardspec.checkpoint.collective_load import load
 
             stats = load(sd, args["path"], reads=args["reads"], trace_reads=True)
             facts["stats"] = {

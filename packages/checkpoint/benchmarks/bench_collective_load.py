@@ -17,7 +17,7 @@ Cases, on local gloo ranks (a ``RankPool`` per world size, started once), built 
 * ``pre``  checkpoints rewritten offline (``shardspec reshard``) into the target layout,
   loaded on their own world: ``big`` on 8 (rows) and on 2 (columns), ``many`` on 2.
 
-Variants: ``load-own`` / ``load-once`` (:func:`shardspec.checkpoint.load.load`), ``ours``
+Variants: ``load-own`` / ``load-once`` (:func:`shardspec.checkpoint.load`), ``ours``
 (``dcp.load``, our ``LoadPlanner`` + ``FileSystemReader``), ``default`` (DCP's planner and
 reader), ``floor`` (no load: every ``.distcp`` file read once between the ranks, into buffers
 allocated and touched before the clock) and ``a2a`` (no load: one ``all_to_all_single`` with,
@@ -138,7 +138,7 @@ def _record_splits(path: str, case: str, world: int) -> tuple[list[int], list[in
     its exchange sent to and received from each rank, summed over its collectives."""
     import torch.distributed as dist
 
-    from shardspec.checkpoint.load import load
+    from shardspec.checkpoint.collective_load import load
 
     sends, recvs = [0] * world, [0] * world
     real = dist.all_to_all_single
@@ -188,8 +188,8 @@ def load(rank: int, world: int, path: str, case: str, variant: str) -> dict[str,
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader as DcpReader
 
+    from shardspec.checkpoint.collective_load import LoadStats, load as collective_load
     from shardspec.checkpoint.dcp import FileSystemReader, LoadPlanner
-    from shardspec.checkpoint.load import LoadStats, load as collective_load
 
     sd = _state(case, world, zero=True) if variant in (*LOADERS, "load-auto") else {}
     buffers = _floor_buffers(path, rank, world) if variant == "floor" else []
@@ -289,8 +289,8 @@ def sim_load(rank: int, world: int, path: str, variant: str) -> dict[str, Any]:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
+    from shardspec.checkpoint.collective_load import load as collective_load
     from shardspec.checkpoint.dcp import FileSystemReader, LoadPlanner
-    from shardspec.checkpoint.load import load as collective_load
 
     sd = _sim_state(world, zero=True)
     phases: dict[str, float] = {}

@@ -107,8 +107,8 @@ def load(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner
 
+    from shardspec.checkpoint.collective_load import load as collective_load
     from shardspec.checkpoint.dcp import LoadPlanner
-    from shardspec.checkpoint.load import load as collective_load
 
     sd: dict[str, Any] = {}
     fulls: dict[str, torch.Tensor] = {}
@@ -177,7 +177,7 @@ def load_failing(
     """``shardspec.checkpoint.load`` expected to fail; ``tweak`` spoils rank 1's state dict
     ("shape", "dtype", "key", "kind", "plain") or every rank's ("missing"). Returns what this rank
     raised (type and message) or "no error"."""
-    from shardspec.checkpoint.load import load as collective_load
+    from shardspec.checkpoint.collective_load import load as collective_load
 
     sd: dict[str, Any] = {}
     for (name, shape, dt), how in entries:
@@ -219,7 +219,7 @@ def load_safetensors(
 
     from safetensors.torch import load_file
 
-    from shardspec.checkpoint.load import load as collective_load
+    from shardspec.checkpoint.collective_load import load as collective_load
 
     files = (
         [path] if path.endswith(".safetensors") else glob.glob(os.path.join(path, "*.safetensors"))
@@ -257,7 +257,7 @@ def load_on_subgroups(
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from shardspec.checkpoint.load import load as collective_load
+    from shardspec.checkpoint.collective_load import load as collective_load
 
     # mesh dim "s" holds ranks (0, 2) and (1, 3): its groups are the two subgroups
     grid = DeviceMesh("cpu", [[0, 2], [1, 3]], mesh_dim_names=("g", "s"))
@@ -300,7 +300,7 @@ def load_peer(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-    from shardspec.checkpoint.load import load as collective_load
+    from shardspec.checkpoint.collective_load import load as collective_load
 
     mesh = init_device_mesh("cpu", (world,))
     sd: dict[str, Any] = {}

@@ -174,3 +174,13 @@ def test_a_replicated_model_is_read_once_spread_over_the_ranks() -> None:
     runs = assign_reads(tensors, 4)
     assert len(runs) == 8
     assert Counter(r.reader for r in runs) == {0: 2, 1: 2, 2: 2, 3: 2}
+
+
+def test_the_package_exports_the_function_load_whatever_was_imported_first() -> None:
+    """A submodule named ``load`` would replace the package's ``load`` once imported."""
+    import importlib
+
+    importlib.import_module("shardspec.checkpoint.collective_load")
+    from shardspec.checkpoint import LoadStats, load
+
+    assert callable(load) and load.__name__ == "load" and LoadStats.__name__ == "LoadStats"

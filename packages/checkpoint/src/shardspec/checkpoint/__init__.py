@@ -3,9 +3,9 @@
 * :mod:`.dcp` — DCP's ``LoadPlanner`` and ``SavePlanner`` that check every saved tensor's chunks
   (CKPT-1) before data moves, and plan reads with :func:`shardspec.reshard.plan`.
 * :mod:`.dcp_reader` — ``FileSystemReader``: each saved byte a rank needs read at most once.
-* :mod:`.load` — :func:`load`: a collective load that owns its protocol (metadata read once,
-  reads ``"own"`` or ``"once"``, the rest moved by the reshard executor); :mod:`.load_reads`
-  decides who reads what.
+* :mod:`.collective_load` — :func:`load`: a collective load that owns its protocol (metadata
+  read once, reads ``"own"`` or ``"once"``, the rest moved by the reshard executor);
+  :mod:`.load_reads` decides who reads what.
 * :mod:`.offline` — ``shardspec reshard``: a checkpoint rewritten into another job's layout.
 * :mod:`.safetensors_files` — a Hugging Face safetensors checkpoint's headers, checked, as
   DCP's ``Metadata`` (one chunk per tensor) for the collective load.
@@ -26,6 +26,7 @@ from shardspec.metadata.lazy import lazy_exports
 from .chunks import ChunkError, check_chunks
 
 if TYPE_CHECKING:  # the lazy names, typed for mypy and editors
+    from .collective_load import LoadError as LoadError, LoadStats as LoadStats, load as load
     from .dcp import (
         LoadPlanner as LoadPlanner,
         SavePlanner as SavePlanner,
@@ -36,7 +37,6 @@ if TYPE_CHECKING:  # the lazy names, typed for mypy and editors
         CheckpointReadError as CheckpointReadError,
         FileSystemReader as FileSystemReader,
     )
-    from .load import LoadError as LoadError, LoadStats as LoadStats, load as load
 
 # name -> submodule that defines it; these import torch.
 _LAZY: dict[str, str] = {
@@ -46,9 +46,10 @@ _LAZY: dict[str, str] = {
     "read_error": "dcp",
     "FileSystemReader": "dcp_reader",
     "CheckpointReadError": "dcp_reader",
-    "load": "load",
-    "LoadError": "load",
-    "LoadStats": "load",
+    # not a module named "load": importing it would set the package's "load" to the module
+    "load": "collective_load",
+    "LoadError": "collective_load",
+    "LoadStats": "collective_load",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

@@ -84,6 +84,7 @@ __all__ = [
     "FileSystemReader",
     "LoadPlanner",
     "SavePlanner",
+    "checked_chunks",
     "chunk_error",
     "read_error",
     "read_items_for_chunks",
@@ -194,11 +195,9 @@ class LoadPlanner(DefaultLoadPlanner):  # type: ignore[misc]
             self.state_dict, self.mappings = old, old_mappings
 
 
-def read_items_for_chunks(
-    fqn: str, saved: TensorStorageMetadata, local: list[ChunkStorageMetadata]
-) -> list[ReadItem]:
-    """The read items that fill ``local`` (this rank's chunks of tensor ``fqn``) from a
-    checkpoint whose chunks are ``saved.chunks``, after checking them (CKPT-1)."""
+def checked_chunks(fqn: str, saved: TensorStorageMetadata) -> Layout:
+    """The saved chunks of tensor ``fqn`` as a layout (chunk i on "rank" i), after checking them
+    (CKPT-1): raises :class:`ChunkError` naming the tensor and the culprit chunks."""
     chunks = saved.chunks
     src = None
     if len(chunks) <= _DIRECT_PAIRS:
@@ -207,6 +206,21 @@ def read_items_for_chunks(
         src = _valid_geometry(tuple(saved.size), geometry)
     if src is None:
         src = check_chunks(fqn, saved.size, [(c.offsets, c.sizes) for c in chunks])
+    return src
+
+
+def read_items_for_chunks(
+    fqn: str,
+    saved: TensorStorageMetadata,
+    local: list[ChunkStorageMetadata],
+    *,
+    checked: Layout | None = None,
+) -> list[ReadItem]:
+    """The read items that fill ``local`` (this rank's chunks of tensor ``fqn``) from a
+    checkpoint whose chunks are ``saved.chunks``, after checking them (CKPT-1); ``checked``:
+    what :func:`checked_chunks` gave for them already (the check is not run again)."""
+    chunks = saved.chunks
+    src = checked if checked is not None else checked_chunks(fqn, saved)
     if not local:
         return []
     if len(chunks) * len(local) <= _DIRECT_PAIRS:

@@ -51,8 +51,9 @@ if TYPE_CHECKING:
 __all__ = ["READS", "LoadError", "LoadStats", "load"]
 
 READS = ("auto", "own", "once")
-# What one rank's error message may carry through the agreement (longer ones are cut).
-_MSG = 4000
+# What one rank's error message may carry through the agreement (longer ones are cut): every
+# rank receives W records, so at 1,024 ranks each byte here is a KiB per rank and agreement.
+_MSG = 480
 _DIGEST = 32
 # The stored bytes of non-tensor values travel under these keys, which no fqn starts with.
 _BYTES_KEY = "\0bytes:"
@@ -83,6 +84,7 @@ class _Target:
     saved: Any  # TensorStorageMetadata
     dst: Layout  # ranks of the group
     outs: list[torch.Tensor]  # this rank's destination tensors, in dst.boxes_of(rank) order
+    chunks: Layout  # the saved chunks, checked (CKPT-1): chunk i on "rank" i
 
 
 def load(
@@ -151,7 +153,7 @@ def load(
             TensorReads(
                 t.key,
                 t.saved.properties.dtype.itemsize,
-                tuple(Box(tuple(c.offsets), tuple(c.sizes)) for c in t.saved.chunks),
+                tuple(sh.box for sh in t.chunks.shards),
                 t.dst,
             )
             for t in targets
@@ -289,7 +291,7 @@ def _targets(
     from shardspec.metadata.dtensor import dtensor_local_slices, from_dtensor
     from shardspec.reshard.frontends import sharded_tensor_layout
 
-    from .dcp import read_items_for_chunks
+    from .dcp import checked_chunks
 
     saved = md.state_dict_metadata
     targets: list[_Target] = []
@@ -326,7 +328,7 @@ def _targets(
                 f"{path}; load does not cast (dcp.load would, silently)"
             )
         # CKPT-1 on the saved chunks, before anything is read (cached per chunking).
-        read_items_for_chunks(fqn, smd, [])
+        chunks = checked_chunks(fqn, smd)
         if isinstance(obj, DTensor):
             layout = from_dtensor(obj)
             boxes = layout.boxes_of(_global(group, rank))
@@ -339,7 +341,7 @@ def _targets(
         else:
             dst = _replicated(shape, world)
             outs = [obj]
-        targets.append(_Target(fqn, smd, dst, outs))
+        targets.append(_Target(fqn, smd, dst, outs, chunks))
     return targets, values
 
 
@@ -386,18 +388,21 @@ def _digest(
     return h.digest()
 
 
-_LAYOUT_DIGESTS: dict[Layout, bytes] = {}
+# id -> (layout, digest): the layers of a model share their layout objects (DTensor layouts are
+# cached per geometry), and hashing a layout of 10^4 shards to look it up costs as much as
+# digesting it. The entry holds the layout, so its id is not reused while cached.
+_LAYOUT_DIGESTS: dict[int, tuple[Layout, bytes]] = {}
 
 
 def _layout_digest(layout: Layout) -> bytes:
-    # The layers of a model share their layouts: each distinct one is hashed once per process.
-    d = _LAYOUT_DIGESTS.get(layout)
-    if d is None:
-        text = repr((layout.shape, [(s.box.offsets, s.box.sizes, s.rank) for s in layout.shards]))
-        d = hashlib.blake2b(text.encode(), digest_size=_DIGEST).digest()
-        if len(_LAYOUT_DIGESTS) > 4096:
-            _LAYOUT_DIGESTS.clear()
-        _LAYOUT_DIGESTS[layout] = d
+    hit = _LAYOUT_DIGESTS.get(id(layout))
+    if hit is not None and hit[0] is layout:
+        return hit[1]
+    text = repr((layout.shape, [(s.box.offsets, s.box.sizes, s.rank) for s in layout.shards]))
+    d = hashlib.blake2b(text.encode(), digest_size=_DIGEST).digest()
+    if len(_LAYOUT_DIGESTS) > 4096:
+        _LAYOUT_DIGESTS.clear()
+    _LAYOUT_DIGESTS[id(layout)] = (layout, d)
     return d
 
 
@@ -495,7 +500,7 @@ def _read_own(
     for t in targets:
         boxes = t.dst.boxes_of(rank)
         local = [ChunkStorageMetadata(torch.Size(b.offsets), torch.Size(b.sizes)) for b in boxes]
-        items += read_items_for_chunks(t.key, t.saved, local)
+        items += read_items_for_chunks(t.key, t.saved, local, checked=t.chunks)
         dest[t.key] = t.outs
         stats.data_bytes += sum(b.numel for b in boxes) * t.saved.properties.dtype.itemsize
     for fqn, _ in values:

@@ -318,7 +318,7 @@ def sim_checkpoint(path: str, world: int) -> None:
 
 
 def measure_scale(tmp: Path, worlds: tuple[int, ...], dcp_upto: int) -> list[dict[str, Any]]:
-    import shardspec.checkpoint.load as load_module
+    import shardspec.checkpoint.collective_load as load_module
     from shardspec.testing.simulated import get_simulated_pool, shutdown_simulated
 
     fn = f"{Path(__file__).stem}:sim_load"

@@ -32,21 +32,29 @@ def grid_entries(shape: Sequence[int], parts: Sequence[int], copies: int) -> lis
     return out
 
 
-_WAITING = re.compile(r"ranks \[([\d, ]+)\] were left waiting in the collective")
-_ABORTED = re.compile(r"ranks \[([\d, ]+)\] stopped before the collective")
+# What the pool's error says of the other ranks (shardspec.testing.dispatch): "...; rank 1
+# still waiting in a collective after 1.0 s" (or "ranks [1, 2] ..."), and "ranks [1] stopped
+# before the collective because of the above" (another rank's check failed).
+_WAITING = re.compile(
+    r"(?:\brank (\d+)|\branks \[([\d, ]+)\]) still waiting in a collective after ([\d.]+) s$",
+    re.MULTILINE,
+)
+_ABORTED = re.compile(r"\branks \[([\d, ]+)\] stopped before the collective")
 
 
 def split_refusal(error: Any, world: int) -> dict[int, str]:
     """Per rank, what it did in a pool call that raised ``RankError``: ``raised T: message``,
-    ``still waiting in a collective`` (the pool restarted it), or ``returned``."""
+    ``still waiting in a collective after N s`` (the pool restarted it), or ``returned``."""
     out = dict.fromkeys(range(world), "returned")
-    for pattern, what in (
-        (_WAITING, "still waiting in a collective until the pool killed it"),
-        (_ABORTED, "stopped before the collective (another rank's check failed)"),
-    ):
-        m = pattern.search(str(error))
-        for r in [int(x) for x in m.group(1).split(",")] if m else []:
-            out[r] = what
+    text = str(error)
+    waiting = _WAITING.findall(text)
+    if waiting:  # the pool's own line is the last: a rank's message may quote anything
+        one, several, secs = waiting[-1]
+        for r in [int(one)] if one else [int(x) for x in several.split(",")]:
+            out[r] = f"still waiting in a collective after {secs} s"
+    m = _ABORTED.search(text)
+    for r in [int(x) for x in m.group(1).split(",")] if m else []:
+        out[r] = "stopped before the collective (another rank's check failed)"
     for f in error.failures:
         first = f.message.strip().splitlines()[0] if f.message.strip() else ""
         out[f.rank] = f"raised {f.type_name.rsplit('.', 1)[-1]}: {first[:300]}"

@@ -100,8 +100,8 @@ class MegatronImpl(Impl):
 
     def _run(self, pool: Any, op: str, args: dict[str, Any], inputs: Any, example: str) -> Any:
         """``pool.run`` of a Megatron operation. When some ranks raised and the others did not
-        (they returned, or were left waiting in a collective until the pool killed them), the
-        error's first line says what each rank did."""
+        (they returned, or were still waiting in a collective when the pool restarted them),
+        the error's first line says what each rank did."""
         from shardspec.testing import RankError
 
         try:

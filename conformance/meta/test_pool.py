@@ -126,6 +126,43 @@ def test_a_rank_that_strands_the_others_is_a_finding_and_the_pool_restarts(
     assert pool.generation == gen + 1
 
 
+@pytest.mark.rule("CONF-2", "CONF-15")
+def test_an_adapters_outcomes_read_the_pools_words_for_each_rank(pool: RankPool) -> None:
+    # The checkpoint-files cases judge a refusal by what each rank did, read from the pool's
+    # error (conformance/impls/checkpoint_files.py): a rank stranded in a collective must
+    # not read as one that returned, whichever way the pool words it.
+    from conformance.impls.checkpoint_files import split_refusal
+
+    pool.start()
+    with pytest.raises(RankError) as info:
+        pool.run("pool.strand", {"ranks": [0], "message": "peer bug 18"})
+    got = split_refusal(info.value, 2)
+    assert got[0] == "raised ValueError: peer bug 18", got
+    assert re.fullmatch(r"still waiting in a collective after \d+\.\d s", got[1]), got
+    with pytest.raises(RankError) as info:
+        pool.run("pool.fail", {"ranks": [1], "phase": "check", "message": "bad input 43"})
+    got = split_refusal(info.value, 2)
+    assert got == {0: "stopped before the collective (another rank's check failed)",
+                   1: "raised ValueError: bad input 43"}, got  # fmt: skip
+
+
+@pytest.mark.rule("CONF-2", "CONF-15")
+def test_an_adapters_outcomes_read_several_stranded_ranks() -> None:
+    from conformance.impls.checkpoint_files import split_refusal
+    from shardspec.testing.dispatch import error_message
+    from shardspec.testing.results import failure_from
+
+    tb = "Traceback (most recent call last):\nValueError: rank 3 still waiting in a collective"
+    raised = {"ok": False, "phase": "run", "error": tb, "restarted": True, "stranded_s": 2.5}
+    replies = {0: raised, 3: {"ok": True, "restarted": True}}
+    text = error_message("peer.save", "case-9", {0: raised}, replies, 4)
+    got = split_refusal(RankError(text, [failure_from(0, raised)]), 4)
+    waiting = "still waiting in a collective after 2.5 s"
+    # rank 0's own message names rank 3 as waiting: the pool's line says who really waits
+    assert got == {0: "raised ValueError: rank 3 still waiting in a collective",
+                   1: waiting, 2: waiting, 3: "returned"}, (text, got)  # fmt: skip
+
+
 @pytest.mark.rule("CONF-2")
 def test_hypothesis_shrinks_a_rank_failure(pool: RankPool) -> None:
     seen: list[int] = []

@@ -257,6 +257,25 @@ def test_report_writes_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.rule("CONF-7")
+def test_a_failed_test_fails_the_report_only_under_gate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The upstream report lists failures as findings; a peer's session, whose defects are
+    # strict expected failures, fails on one (--gate), after writing the report all the same.
+    from conformance import report
+
+    monkeypatch.setattr(repro_run, "REPROS", tmp_path / "none")
+    monkeypatch.setenv("SHARDSPEC_IMPL", "torch")
+    monkeypatch.setattr(report.pytest, "main", lambda *a, **k: pytest.ExitCode.TESTS_FAILED)
+    base = ["--no-repros", "--no-probes"]
+    assert report.main(["--out", str(tmp_path / "a"), *base]) == 0
+    assert report.main(["--out", str(tmp_path / "b"), "--gate", *base]) == 1
+    assert json.loads((tmp_path / "b" / "report.json").read_text())["pytest_exit_code"] == 1
+    monkeypatch.setattr(report.pytest, "main", lambda *a, **k: pytest.ExitCode.OK)
+    assert report.main(["--out", str(tmp_path / "c"), "--gate", *base]) == 0
+
+
+@pytest.mark.rule("CONF-7")
 def test_a_crash_reads_as_its_first_and_innermost_lines() -> None:
     from conformance.report import _message
 

@@ -259,11 +259,11 @@ class Impl:
         import json
         import tempfile
 
+        if self.via is None:
+            raise self.unsupported("a collective load of a safetensors checkpoint")
         import torch
         from safetensors.torch import save_file
 
-        if self.via is None:
-            raise self.unsupported("a collective load of a safetensors checkpoint")
         with tempfile.TemporaryDirectory(prefix="shardspec-hf-") as path:
             others = {f"layers.{i}.w": torch.full((i + 1, 3), i, dtype=tensor.dtype)
                       for i in range(2 * files - 1)}  # fmt: skip

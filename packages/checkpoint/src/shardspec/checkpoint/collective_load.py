@@ -655,8 +655,9 @@ def _exchange(
     out: dict[str, list[torch.Tensor]] = {}
     dtypes: dict[str, torch.dtype] = {}
     names: dict[str, str] = {}
+    whole = _broadcast_whole(held, runs, targets, group)
     for t in targets:
-        if t.dst.numel == 0:
+        if t.dst.numel == 0 or t.key in whole:
             continue
         state[t.key] = held.get(t.key, [])
         src[t.key] = Layout(t.dst.shape, shards[t.key])
@@ -681,6 +682,59 @@ def _exchange(
         names=names,
     )  # fmt: skip
     return {fqn: result[_BYTES_KEY + fqn][0].numpy().tobytes() for fqn, _ in values}
+
+
+def _whole_on_every_rank(dst: Layout, world: int) -> bool:
+    """Whether every rank of the group holds the whole tensor, once (a plain tensor, a
+    replicated DTensor)."""
+    if len(dst.shards) != world:
+        return False
+    full = Box((0,) * len(dst.shape), dst.shape)
+    return {s.rank for s in dst.shards} == set(range(world)) and all(
+        s.box == full for s in dst.shards
+    )
+
+
+def _broadcast_whole(
+    held: Mapping[str, list[torch.Tensor]],
+    runs: list[Run],
+    targets: list[_Target],
+    group: dist.ProcessGroup | None,
+) -> set[str]:
+    """Deliver the tensors every rank holds whole: each run broadcast by its reader straight
+    into every rank's destination (the executor would pack W-1 copies of it into one send
+    buffer). Returns their keys."""
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    by_key: dict[str, list[Run]] = {}
+    for run in runs:
+        by_key.setdefault(run.key, []).append(run)
+    done: set[str] = set()
+    with torch.no_grad():
+        for t in targets:
+            if t.dst.numel == 0 or world == 1 or not _whole_on_every_rank(t.dst, world):
+                continue
+            out = t.outs[0]
+            mine = iter(held.get(t.key, []))  # this rank's runs, in the runs' order
+            for run in by_key.get(t.key, []):
+                view = out[run.box.slices()]
+                if run.reader == rank:
+                    buf = next(mine).to(out.device)
+                elif view.is_contiguous():
+                    buf = view
+                else:
+                    buf = torch.empty(run.box.sizes, dtype=out.dtype, device=out.device)
+                src = run.reader if group is None else dist.get_global_rank(group, run.reader)
+                # as bytes: gloo broadcasts no int16, bool, uint16... (a contiguous buffer's
+                # reshape is a view, so the bytes land in it)
+                dist.broadcast(buf.reshape(-1).view(torch.uint8), src, group=group)
+                if buf is not view:
+                    view.copy_(buf)
+            done.add(t.key)
+    return done
 
 
 def _value_sizes(

@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 import pytest
-from hypothesis import example, given, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from conformance import reference
 from conformance.assertions import assert_equal, assert_tensor_bitwise
@@ -29,6 +29,10 @@ from shardspec.testing.devices import simulated_worlds
 from .test_checkpoint import ROWS_TO_COLUMNS_BF16, _describe_load, round_trips
 
 READS = ("own", "once", "auto")
+# Each example saves and loads through real files on two pools (about 2.5 s on 2 cores): a
+# few dozen drawn examples, or the profile's own number where it asks for fewer (the
+# simulated worlds, the launched run).
+EXAMPLES = settings(max_examples=min(25, settings.default.max_examples), deadline=None)
 
 
 @st.composite
@@ -129,6 +133,7 @@ def _examples(test: Any) -> Any:
     match=r"^the error names the file \(.*\)=False",
 )
 @pytest.mark.pool
+@EXAMPLES
 @given(collective_loads())
 @_examples
 def test_a_collective_load_gives_every_rank_the_reference_or_fails_on_all(
@@ -218,6 +223,7 @@ def safetensors_loads(draw: st.DrawFn) -> dict[str, Any]:
 
 @pytest.mark.rule("CKPT-22", "CKPT-23", "CKPT-24")
 @pytest.mark.pool
+@EXAMPLES
 @given(safetensors_loads())
 def test_a_safetensors_checkpoint_loads_the_reference_on_every_rank(
     impl: Impl, pools: Any, c: dict[str, Any]

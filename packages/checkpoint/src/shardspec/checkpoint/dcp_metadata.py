@@ -181,6 +181,9 @@ def metadata_format(path: str | Path) -> str:
 def read_metadata(path: str | Path) -> Metadata:
     """The checkpoint's ``Metadata``, read with the restricted unpickler (a ByteCheckpoint
     metadata file as DCP's ``Metadata`` whose storage entries are :class:`RawTensorStorage`)."""
+    # torch first: without it the command says what to install, whatever the path (CKPT-12)
+    import torch.distributed.checkpoint.metadata  # noqa: F401
+
     p = metadata_path(path)
     with open(p, "rb") as f:
         return _parse(f, p)  # type: ignore[arg-type]

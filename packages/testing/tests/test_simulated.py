@@ -5,8 +5,10 @@ for (rank numbers above 255 included), with the same failure handling."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
+import torch
 from testing_pool_cases import (
     all_reduce_rank,
     group_device,
@@ -17,7 +19,19 @@ from testing_pool_cases import (
 )
 
 from shardspec.testing import RankCrash, RankError, scaled
+from shardspec.testing.ops import Context, operation
 from shardspec.testing.simulated import SimulatedPool
+
+
+class Refusal(ValueError):
+    """A named exception type, as a caller tells a refusal from a wrong answer by it."""
+
+
+@operation("test.simulated.refuse", collective=True)
+def _refuse(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> tuple[Any, list[Any]]:
+    if ctx.rank in args["ranks"]:
+        raise Refusal(f"rank {ctx.rank} refuses: no type holds it")
+    return None, []
 
 
 @pytest.mark.rule("CONF-10")
@@ -85,5 +99,22 @@ def test_a_raising_or_hanging_rank_fails_the_call_and_the_world_comes_back() -> 
         generation = pool.generation
         assert [g[0] for g in pool.call(all_reduce_rank)] == list(range(16))
         assert pool.generation == generation + 1
+    finally:
+        pool.close()
+
+
+@pytest.mark.rule("CONF-2")
+def test_a_named_operation_that_raises_says_each_ranks_exception_type_and_message() -> None:
+    # the conformance suite reads a refusal on every rank (CONVERT-5) from these fields: empty
+    # ones made a simulated world's refusal a failure the process pool reported as a refusal
+    pool = SimulatedPool(4, timeout=60, ops=(__name__,))
+    try:
+        with pytest.raises(RankError) as info:
+            pool.run("test.simulated.refuse", {"ranks": [1, 3]})
+        got = [(f.rank, f.type_name.rpartition(".")[2], f.message) for f in info.value.failures]
+        assert got == [
+            (1, "Refusal", "rank 1 refuses: no type holds it"),
+            (3, "Refusal", "rank 3 refuses: no type holds it"),
+        ]
     finally:
         pool.close()

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from .ops import Context, execute, function_name, resolve_function
-from .results import RankCrash, RankError, RankFailure, RankResult
+from .results import RankCrash, RankError, RankFailure, RankResult, failure_from
 from .timing import scaled, slowness
 
 __all__ = ["SimulatedPool", "get_simulated_pool", "shutdown_simulated"]
@@ -365,10 +365,7 @@ class SimulatedPool:
             stuck = self.world_size - len(replies)
             if stuck:
                 lines.append(f"{stuck} ranks were left waiting in the collective (world rebuilt)")
-            failures = [
-                RankFailure(r, "", "", str(h.get("error", "")), str(h.get("phase")))
-                for r, h in sorted(raised.items())
-            ]
+            failures = [failure_from(r, h) for r, h in sorted(raised.items())]
             raise RankError("\n".join(lines), failures)
         return [
             RankResult(r, replies[r]["value"], replies[r]["tensors"])

@@ -29,6 +29,7 @@ read by one rank and its stored bytes travel with the tensors.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import io
 import os
@@ -111,12 +112,35 @@ def load(
     differs from the saved one is an error, not a silent cast. Returns this rank's
     :class:`LoadStats`; any failure raises the same :class:`LoadError` on every rank.
     """
+    if reads not in READS:
+        raise ValueError(f"reads must be one of {READS}, got {reads!r}")
+    # Parsing the metadata and planning make ~10^5 small objects for a few thousand tensors;
+    # with the collector on, each of its full passes walks every live object of the process
+    # (the model, torch's modules): 0.6 s of a 0.65 s metadata phase for 2,000 tensors, 0.05
+    # s without (spec/09-checkpoint.md, "Measured"). The load makes no cycles of its own.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _load(state_dict, Path(os.fspath(checkpoint_id)), group, reads,
+                     max_buffer_bytes, thread_count, trace_reads)  # fmt: skip
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _load(
+    state_dict: dict[str, Any],
+    path: Path,
+    group: dist.ProcessGroup | None,
+    reads: str,
+    max_buffer_bytes: int | None,
+    thread_count: int | None,
+    trace_reads: bool,
+) -> LoadStats:
     import torch
     import torch.distributed as dist
     from torch.distributed.checkpoint.stateful import Stateful
 
-    if reads not in READS:
-        raise ValueError(f"reads must be one of {READS}, got {reads!r}")
     stats = LoadStats()
     clock = time.perf_counter()
     rank = dist.get_rank(group)
@@ -124,7 +148,6 @@ def load(
     comm = torch.device("cpu")
     if str(dist.get_backend(group)) == "nccl":
         comm = torch.device("cuda", torch.cuda.current_device())
-    path = Path(os.fspath(checkpoint_id))
 
     md, nread, hf = _shared_metadata(path, rank, group, comm)
     stats.bytes_read += nread

@@ -120,18 +120,19 @@ def sharded_tensor_of(
         for s in mine
     ]
     local = [TorchShard(t.contiguous(), m) for t, m in zip(ts, mds)]
-    if via == "shardspec":
-        from shardspec.metadata import to_sharded_tensor_metadata, to_sharding_spec
+    from shardspec.metadata import to_sharded_tensor_metadata, to_sharding_spec
 
-        md = to_sharded_tensor_metadata(layout, dtype, device=device)
-        try:
+    try:
+        if via == "shardspec":
+            md = to_sharded_tensor_metadata(layout, dtype, device=device)
             return ShardedTensor._init_from_local_shards_and_global_metadata(local, md)
-        except ValueError:
-            # torch infers a sharding spec from the metadata and refuses a valid layout none
-            # of its specs can express: say so as CONVERT-5 does, on every rank alike
-            to_sharding_spec(layout, device=device)
-            raise
-    return ShardedTensor._init_from_local_shards(local, *layout.shape)
+        return ShardedTensor._init_from_local_shards(local, *layout.shape)
+    except ValueError:
+        # torch infers a sharding spec from the shards and refuses a valid layout none of
+        # its specs can express (zero-size shards inside others, BOX-2): say so as CONVERT-5
+        # does, on every rank alike, whichever way the ShardedTensor was built
+        to_sharding_spec(layout, device=device)
+        raise
 
 
 def layout_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:

@@ -11,6 +11,7 @@ import pytest
 import torch
 from testing_pool_cases import (
     all_reduce_rank,
+    empty_sharded_tensor_device,
     group_device,
     group_recorded,
     hang_on,
@@ -65,6 +66,18 @@ def test_a_simulated_group_names_its_device_as_gloo_does() -> None:
     pool = SimulatedPool(4, timeout=60)
     try:
         assert pool.call(group_device) == ["cpu"] * 4
+    finally:
+        pool.close()
+
+
+@pytest.mark.rule("CONF-10")
+def test_a_rank_holding_no_shard_of_a_sharded_tensor_answers_cpu_as_gloo_does() -> None:
+    """ShardedTensor answers the device of a rank without shards by the group's backend name
+    (gloo: cpu, anything else: CUDA); dcp.load asks it on every rank, and a CPU-only torch
+    raised "Torch not compiled with CUDA enabled" on the threaded ranks."""
+    pool = SimulatedPool(3, timeout=60)
+    try:
+        assert pool.call(empty_sharded_tensor_device) == ["cpu"] * 3
     finally:
         pool.close()
 

@@ -84,6 +84,23 @@ def group_device(rank: int, world: int) -> str:
     return str(dist.distributed_c10d._get_pg_default_device(dist.group.WORLD))
 
 
+def empty_sharded_tensor_device(rank: int, world: int) -> str:
+    """The device of a ShardedTensor whose one shard lies on rank 0 (dcp.load asks every rank
+    for it): the other ranks hold no shard and ask the group's backend."""
+    import warnings
+
+    import torch.distributed as dist
+    from torch.distributed._shard.sharded_tensor.api import ShardedTensor
+    from torch.distributed._shard.sharded_tensor.shard import Shard
+    from torch.distributed._shard.sharding_spec import ShardMetadata
+
+    local = [Shard(torch.zeros(2), ShardMetadata([0], [2], "rank:0/cpu"))] if rank == 0 else []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # ShardedTensor's deprecation
+        st = ShardedTensor._init_from_local_shards(local, 2, process_group=dist.group.WORLD)
+    return str(st.device)
+
+
 def group_recorded(rank: int, world: int) -> list[bool]:
     """[does this torch attach flight recorders to groups, is this rank's default group
     recorded]: torch 2.15's init_process_group records every group that answers a device."""

@@ -55,6 +55,12 @@ def _install() -> None:
             # a group for its device (FSDP's _create_chunk_sharded_tensor through
             # _get_pg_default_device) raised "no backend has been registered" where a gloo
             # group answers cpu. Simulated ranks hold CPU tensors: say so, as gloo would.
+            # ShardedTensor asks a group's backend name for the device of a rank that holds
+            # no shard: "gloo" is the CPU, anything else CUDA (tensor_device, .to), so a
+            # threaded rank with nothing of a ShardedTensor asked for CUDA where a gloo rank
+            # answers cpu. torch keys nothing else on the name; dist.get_backend still says
+            # "threaded" (it reads the name the group was made with).
+            multi_threaded_pg.ProcessLocalGroup.getBackendName = _gloo_name  # type: ignore[method-assign]
             plugins = dist.Backend._plugins  # type: ignore[attr-defined]
             _torchs_plugin = plugins["THREADED"]
             if _backend_constructible():
@@ -69,11 +75,17 @@ def _install() -> None:
 
 
 class _ThreadedCpuBackend(torch._C._distributed_c10d.Backend):  # type: ignore[misc,name-defined]
-    """The name a threaded group's CPU backend reports. Its collectives are the base class's,
-    which refuse: every collective of a threaded group is its own Python method."""
+    """The name a threaded group's CPU backend reports (gloo's: see _install). Its collectives
+    are the base class's, which refuse: every collective of a threaded group is its own Python
+    method."""
 
     def getBackendName(self) -> str:  # the C++ virtual it overrides
-        return "threaded"
+        return _gloo_name(self)
+
+
+def _gloo_name(self: Any) -> str:
+    """What a simulated group's backend calls itself: what ShardedTensor keys its CPU on."""
+    return "gloo"
 
 
 def _backend_constructible() -> bool:

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 from dcp_load_cases import load, load_failing, save
-from test_dcp_load import ON_2, ON_4, entries
+from test_dcp_load import ON_2, ON_4, entries, grid
 
+from shardspec.metadata import chunk_layout
 from shardspec.testing import RankPool, get_pool
 
 torch = pytest.importorskip("torch")
@@ -65,6 +66,34 @@ def test_saved_on_2_loaded_on_4(pools: dict[int, RankPool], tmp_path: Path, mode
     pools[2].call(save, str(tmp_path), entries(ON_2, 1), True)
     check(pools[4], tmp_path, entries(ON_2, 2), mode)
     check(pools[2], tmp_path, entries(ON_2, 1), mode)
+
+
+# Chunks above the reader's whole-read size (256 KiB) beside small ones: reads="own" reads the
+# small ones by their spans of file (chunk_spans) and the large ones with the reader.
+LARGE_AND_SMALL = [
+    (
+        ("dt.large", (600, 256), "float32"),  # 300 KiB a saved chunk
+        ("dt", (2,), [("S", 0)]),
+        ("dt", (4,), [("S", 1)]),
+    ),
+    (
+        ("st.small", (13, 2), "uint8"),
+        ("st", chunk_layout((13, 2), 0, [1, 0])),
+        ("st", grid((13, 2), 2, 2, [0, 1, 2, 3])),
+    ),
+]
+
+
+@pytest.mark.rule("CKPT-24")
+@pytest.mark.parametrize("mode", MODES)
+def test_large_and_small_chunks_load_together(
+    pools: dict[int, RankPool], tmp_path: Path, mode: str
+) -> None:
+    pools[2].call(save, str(tmp_path), entries(LARGE_AND_SMALL, 1), True)
+    stats = check(pools[4], tmp_path, entries(LARGE_AND_SMALL, 2), mode)
+    if stats[0]["reads"] == "own":  # each rank reads its columns of both large chunks
+        large = 600 * 256 * 4
+        assert all(s["data_bytes"] >= large // 4 for s in stats), stats
 
 
 def same_error_everywhere(answers: list[str]) -> str:

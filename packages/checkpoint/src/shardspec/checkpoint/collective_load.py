@@ -34,13 +34,14 @@ import hashlib
 import io
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shardspec.metadata import Box, Layout, Shard
 
+from .dcp_files import UnsupportedItem
 from .dcp_reader import CheckpointReadError
 from .load_reads import Run, TensorReads, assign_reads, choose_reads
 
@@ -524,16 +525,35 @@ def _read_own(
     from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
     from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
+    from .chunk_spans import read_spans
     from .dcp import read_items_for_chunks
 
     items: list[Any] = []
     dest: dict[str, list[torch.Tensor]] = {}
+    small: list[Any] = []
+    later: list[tuple[_Target, Sequence[Box]]] = []  # read by the reader
+    spanned: list[tuple[_Target, Sequence[Box]]] = []
+    files: dict[str, str] = {}
     for t in targets:
         boxes = t.dst.boxes_of(rank)
-        local = [ChunkStorageMetadata(torch.Size(b.offsets), torch.Size(b.sizes)) for b in boxes]
+        stats.data_bytes += sum(b.numel for b in boxes) * t.saved.properties.dtype.itemsize
+        chunks = _small_chunks(reader, t, boxes, files) if boxes else []
+        if chunks is None:
+            later.append((t, boxes))
+        else:
+            small += chunks
+            spanned.append((t, boxes))
+    try:
+        nread, ranges = read_spans(small, reader.trace_reads)
+        stats.bytes_read += nread
+        stats.chunks += len(small)
+        stats.ranges += ranges
+    except UnsupportedItem:  # an archive this module cannot read in place: the reader can
+        later += spanned
+    for t, held in later:
+        local = [ChunkStorageMetadata(torch.Size(b.offsets), torch.Size(b.sizes)) for b in held]
         items += read_items_for_chunks(t.key, t.saved, local, checked=t.chunks)
         dest[t.key] = t.outs
-        stats.data_bytes += sum(b.numel for b in boxes) * t.saved.properties.dtype.itemsize
     for fqn, _ in values:
         _check_value_file(reader, fqn)
         index = MetadataIndex(fqn)
@@ -541,6 +561,51 @@ def _read_own(
                               torch.Size(), torch.Size()))  # fmt: skip
     _run_reader(reader, items, dest, got, stats)
     stats.value_bytes += sum(len(got[f]) for f, _ in values)
+
+
+def _small_chunks(
+    reader: Any, t: _Target, boxes: Sequence[Box], files: dict[str, str]
+) -> list[Any] | None:
+    """The saved chunks of ``t`` that ``boxes`` (this rank's) overlap, with the pieces each
+    fills, when all are small plain DCP chunks (:mod:`.chunk_spans`); else None. ``files``:
+    each relative path's path, filled as met (a join per chunk costs microseconds)."""
+    import torch
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+
+    from .chunk_spans import Piece, SmallChunk, small_entry
+    from .dcp import _DIRECT_PAIRS, _direct_overlaps, read_items_for_chunks
+
+    saved = t.saved.chunks
+    if len(saved) * len(boxes) <= _DIRECT_PAIRS:
+        overlaps: Any = _direct_overlaps(
+            tuple((tuple(c.offsets), tuple(c.sizes)) for c in saved),
+            tuple((b.offsets, b.sizes) for b in boxes),
+        )
+    else:
+        local = [ChunkStorageMetadata(torch.Size(b.offsets), torch.Size(b.sizes)) for b in boxes]
+        overlaps = [
+            (r.dest_index.index, r.storage_index.index, r.dest_offsets, r.storage_offsets,
+             r.lengths)
+            for r in read_items_for_chunks(t.key, t.saved, local, checked=t.chunks)
+        ]  # fmt: skip
+    pieces: dict[int, list[Piece]] = {}
+    for di, si, dst_off, src_off, lengths in overlaps:
+        pieces.setdefault(si, []).append(
+            Piece(t.outs[di], tuple(dst_off), tuple(src_off), tuple(lengths))
+        )
+    out = []
+    dtype = t.saved.properties.dtype
+    for si, ps in pieces.items():
+        c = saved[si]
+        index = MetadataIndex(t.key, c.offsets, si)
+        info = reader.storage_data.get(index)
+        if info is None or not small_entry(info):
+            return None
+        where = files.get(info.relative_path)
+        if where is None:
+            where = files[info.relative_path] = os.path.join(str(reader.path), info.relative_path)
+        out.append(SmallChunk(index, where, info.offset, info.length, dtype, tuple(c.sizes), ps))
+    return out
 
 
 def _run_reader(

@@ -569,11 +569,12 @@ def _small_chunks(
     """The saved chunks of ``t`` that ``boxes`` (this rank's) overlap, with the pieces each
     fills, when all are small plain DCP chunks (:mod:`.chunk_spans`); else None. ``files``:
     each relative path's path, filled as met (a join per chunk costs microseconds)."""
-    import torch
-    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    from shardspec.reshard.planner import plan
 
     from .chunk_spans import Piece, SmallChunk, small_entry
-    from .dcp import _DIRECT_PAIRS, _direct_overlaps, read_items_for_chunks
+    from .dcp import _DIRECT_PAIRS, _direct_overlaps, _minus
 
     saved = t.saved.chunks
     if len(saved) * len(boxes) <= _DIRECT_PAIRS:
@@ -581,12 +582,13 @@ def _small_chunks(
             tuple((tuple(c.offsets), tuple(c.sizes)) for c in saved),
             tuple((b.offsets, b.sizes) for b in boxes),
         )
-    else:
-        local = [ChunkStorageMetadata(torch.Size(b.offsets), torch.Size(b.sizes)) for b in boxes]
+    else:  # the planner's index, as read_items_for_chunks, without a DCP read item a piece
+        dst = Layout(t.chunks.shape, [Shard(b, 0) for b in boxes])
+        src_off = [sh.box.offsets for sh in t.chunks.shards]
         overlaps = [
-            (r.dest_index.index, r.storage_index.index, r.dest_offsets, r.storage_offsets,
-             r.lengths)
-            for r in read_items_for_chunks(t.key, t.saved, local, checked=t.chunks)
+            (p.dst_shard, p.src_shard, _minus(p.offsets, boxes[p.dst_shard].offsets),
+             _minus(p.offsets, src_off[p.src_shard]), p.sizes)
+            for p in plan(t.chunks, dst, validate=False).pieces
         ]  # fmt: skip
     pieces: dict[int, list[Piece]] = {}
     for di, si, dst_off, src_off, lengths in overlaps:

@@ -69,7 +69,8 @@ def test_saved_on_2_loaded_on_4(pools: dict[int, RankPool], tmp_path: Path, mode
 
 
 # Chunks above the reader's whole-read size (256 KiB) beside small ones: reads="own" reads the
-# small ones by their spans of file (chunk_spans) and the large ones with the reader.
+# small ones by their spans of file (chunk_spans) and the large ones with the reader; and a
+# tensor of 100 small chunks.
 LARGE_AND_SMALL = [
     (
         ("dt.large", (600, 256), "float32"),  # 300 KiB a saved chunk
@@ -80,6 +81,11 @@ LARGE_AND_SMALL = [
         ("st.small", (13, 2), "uint8"),
         ("st", chunk_layout((13, 2), 0, [1, 0])),
         ("st", grid((13, 2), 2, 2, [0, 1, 2, 3])),
+    ),
+    (  # 100 saved chunks against a rank's boxes: the planner finds the pieces
+        ("st.cells", (20, 30), "int16"),
+        ("st", grid((20, 30), 10, 10, [i % 2 for i in range(100)])),
+        ("st", grid((20, 30), 3, 3, [i % 4 for i in range(9)])),
     ),
 ]
 

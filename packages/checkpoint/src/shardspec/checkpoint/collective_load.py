@@ -647,27 +647,51 @@ def _read_once(
     from torch.distributed.checkpoint.metadata import MetadataIndex
     from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
+    from .chunk_spans import Piece, SmallChunk, read_spans, small_entry
+
     by_key = {t.key: t for t in targets}
     held: dict[str, list[torch.Tensor]] = {}
     items: list[Any] = []
+    small: list[SmallChunk] = []
+    spanned: list[Any] = []  # their read items, should the reader have to read them
+    files: dict[str, str] = {}
     for run in runs:
         if run.reader != rank:
             continue
         t = by_key[run.key]
         chunk = t.saved.chunks[run.chunk]
         mine = held.setdefault(run.key, [])
-        mine.append(torch.empty(run.box.sizes, dtype=t.saved.properties.dtype))
-        items.append(
-            ReadItem(
-                type=LoadItemType.TENSOR,
-                dest_index=MetadataIndex(run.key, torch.Size(run.box.offsets), len(mine) - 1),
-                dest_offsets=torch.Size((0,) * run.box.ndim),
-                storage_index=MetadataIndex(run.key, chunk.offsets, run.chunk),
-                storage_offsets=torch.Size(o - c for o, c in zip(run.box.offsets, chunk.offsets)),
-                lengths=torch.Size(run.box.sizes),
-            )
+        out = torch.empty(run.box.sizes, dtype=t.saved.properties.dtype)
+        mine.append(out)
+        index = MetadataIndex(run.key, chunk.offsets, run.chunk)
+        start = tuple(o - c for o, c in zip(run.box.offsets, chunk.offsets))
+        item = ReadItem(
+            type=LoadItemType.TENSOR,
+            dest_index=MetadataIndex(run.key, torch.Size(run.box.offsets), len(mine) - 1),
+            dest_offsets=torch.Size((0,) * run.box.ndim),
+            storage_index=index,
+            storage_offsets=torch.Size(start),
+            lengths=torch.Size(run.box.sizes),
         )
         stats.data_bytes += run.nbytes
+        info = reader.storage_data.get(index)
+        if info is None or not small_entry(info):
+            items.append(item)
+            continue
+        where = files.get(info.relative_path)
+        if where is None:
+            where = files[info.relative_path] = os.path.join(str(reader.path), info.relative_path)
+        piece = Piece(out, (0,) * run.box.ndim, start, run.box.sizes)
+        small.append(SmallChunk(index, where, info.offset, info.length,
+                                t.saved.properties.dtype, tuple(chunk.sizes), [piece]))  # fmt: skip
+        spanned.append(item)
+    try:
+        nread, ranges = read_spans(small, reader.trace_reads)
+        stats.bytes_read += nread
+        stats.chunks += len(small)
+        stats.ranges += ranges
+    except UnsupportedItem:  # an archive chunk_spans cannot read in place: the reader can
+        items += spanned
     got: dict[str, Any] = {}
     _run_reader(reader, items, held, got, stats)
     for i, (fqn, _) in enumerate(values):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .dcp_files import DamagedItem, HeaderCache, UnsupportedItem, read_file_range
-from .dcp_reader import WHOLE_ITEM_BYTES, CheckpointReadError, _where
+from .dcp_reader import WHOLE_ITEM_BYTES, CheckpointReadError, _where, truncated
 
 if TYPE_CHECKING:
     import torch
@@ -89,14 +89,7 @@ def read_spans(chunks: Sequence[SmallChunk], trace: bool) -> tuple[int, list[Any
                     end = span[-1].offset + span[-1].length
                     for c in span:
                         if c.offset + c.length > size:
-                            raise CheckpointReadError(
-                                _where(
-                                    path,
-                                    c.index,
-                                    f"the file is truncated: the chunk's bytes [{c.offset}, "
-                                    f"{c.offset + c.length}) end past the file's {size} bytes",
-                                )
-                            )
+                            raise truncated(path, c.index, c.offset, c.length, size)
                     buf = torch.empty(end - span[0].offset, dtype=torch.uint8)
                     try:
                         read_file_range(fd, span[0].offset, buf.numel(), buf.numpy())

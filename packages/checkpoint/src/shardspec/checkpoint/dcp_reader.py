@@ -346,6 +346,20 @@ def _where(path: str, index: MetadataIndex, what: str) -> str:
     return f"{path}: tensor '{index.fqn}' chunk at offsets {tuple(index.offset or ())}: {what}"
 
 
+def truncated(
+    path: str, index: MetadataIndex, offset: int, length: int, size: int
+) -> CheckpointReadError:
+    """The error for a chunk whose bytes ``[offset, offset + length)`` end past the file."""
+    return CheckpointReadError(
+        _where(
+            path,
+            index,
+            f"the file is truncated: the chunk's bytes [{offset}, {offset + length}) end past "
+            f"the file's {size} bytes",
+        )
+    )
+
+
 def _batches(cs: list[_Chunk]) -> Iterator[list[_Chunk]]:
     batch: list[_Chunk] = []
     size = 0
@@ -424,14 +438,7 @@ def _read_chunk(
 ) -> None:
     stats = state.stats
     if c.offset + c.length > file_size:
-        raise CheckpointReadError(
-            _where(
-                path,
-                c.index,
-                f"the file is truncated: the chunk's bytes [{c.offset}, {c.offset + c.length}) "
-                f"end past the file's {file_size} bytes",
-            )
-        )
+        raise truncated(path, c.index, c.offset, c.length, file_size)
 
     def pread(off: int, n: int, into: Any = None) -> Any:
         with state.lock:

@@ -133,3 +133,21 @@ def test_a_damaged_file_names_the_file_the_tensor_and_the_chunk(
         match = rf"{last.path}: tensor '{last.index.fqn}' .*the metadata says .* of size \(99,\)"
     with pytest.raises(CheckpointReadError, match=match):
         read_spans(chunks, trace=False)
+
+
+@pytest.mark.rule("CKPT-26")
+def test_a_read_cut_short_after_the_size_check_names_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shardspec.checkpoint.chunk_spans as spans
+
+    _, md = _save(tmp_path)
+    chunks, _ = _chunks(tmp_path, md, {n: _whole(s) for n, s, _ in TENSORS})
+
+    def short(fd: int, offset: int, size: int, into: Any = None) -> Any:
+        raise EOFError(f"{size - 1} of {size} bytes at offset {offset}")
+
+    monkeypatch.setattr(spans, "read_file_range", short)
+    first = min(chunks, key=lambda c: c.offset)
+    with pytest.raises(CheckpointReadError, match=rf"{first.path}: tensor '{first.index.fqn}' "):
+        read_spans(chunks, trace=False)

@@ -525,7 +525,6 @@ def _read_own(
     from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
     from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
-    from .chunk_spans import read_spans
     from .dcp import read_items_for_chunks
 
     items: list[Any] = []
@@ -543,12 +542,7 @@ def _read_own(
         else:
             small += chunks
             spanned.append((t, boxes))
-    try:
-        nread, ranges = read_spans(small, reader.trace_reads)
-        stats.bytes_read += nread
-        stats.chunks += len(small)
-        stats.ranges += ranges
-    except UnsupportedItem:  # an archive this module cannot read in place: the reader can
+    if not _read_small(reader, small, stats):
         later += spanned
     for t, held in later:
         local = [ChunkStorageMetadata(torch.Size(b.offsets), torch.Size(b.sizes)) for b in held]
@@ -567,47 +561,59 @@ def _small_chunks(
     reader: Any, t: _Target, boxes: Sequence[Box], files: dict[str, str]
 ) -> list[Any] | None:
     """The saved chunks of ``t`` that ``boxes`` (this rank's) overlap, with the pieces each
-    fills, when all are small plain DCP chunks (:mod:`.chunk_spans`); else None. ``files``:
-    each relative path's path, filled as met (a join per chunk costs microseconds)."""
-    from torch.distributed.checkpoint.metadata import MetadataIndex
+    fills, when all are small plain DCP chunks (:mod:`.chunk_spans`); else None."""
+    from .chunk_spans import Piece
+    from .dcp import chunk_overlaps
 
-    from shardspec.reshard.planner import plan
-
-    from .chunk_spans import Piece, SmallChunk, small_entry
-    from .dcp import _DIRECT_PAIRS, _direct_overlaps, _minus
-
-    saved = t.saved.chunks
-    if len(saved) * len(boxes) <= _DIRECT_PAIRS:
-        overlaps: Any = _direct_overlaps(
-            tuple((tuple(c.offsets), tuple(c.sizes)) for c in saved),
-            tuple((b.offsets, b.sizes) for b in boxes),
-        )
-    else:  # the planner's index, as read_items_for_chunks, without a DCP read item a piece
-        dst = Layout(t.chunks.shape, [Shard(b, 0) for b in boxes])
-        src_off = [sh.box.offsets for sh in t.chunks.shards]
-        overlaps = [
-            (p.dst_shard, p.src_shard, _minus(p.offsets, boxes[p.dst_shard].offsets),
-             _minus(p.offsets, src_off[p.src_shard]), p.sizes)
-            for p in plan(t.chunks, dst, validate=False).pieces
-        ]  # fmt: skip
     pieces: dict[int, list[Piece]] = {}
-    for di, si, dst_off, src_off, lengths in overlaps:
+    for di, si, dst_off, src_off, lengths in chunk_overlaps(
+        t.chunks, [(b.offsets, b.sizes) for b in boxes]
+    ):
         pieces.setdefault(si, []).append(
             Piece(t.outs[di], tuple(dst_off), tuple(src_off), tuple(lengths))
         )
     out = []
-    dtype = t.saved.properties.dtype
     for si, ps in pieces.items():
-        c = saved[si]
-        index = MetadataIndex(t.key, c.offsets, si)
-        info = reader.storage_data.get(index)
-        if info is None or not small_entry(info):
+        c = _small_chunk(reader, t, si, ps, files)
+        if c is None:
             return None
-        where = files.get(info.relative_path)
-        if where is None:
-            where = files[info.relative_path] = os.path.join(str(reader.path), info.relative_path)
-        out.append(SmallChunk(index, where, info.offset, info.length, dtype, tuple(c.sizes), ps))
+        out.append(c)
     return out
+
+
+def _small_chunk(reader: Any, t: _Target, si: int, pieces: list[Any], files: dict[str, str]) -> Any:
+    """Saved chunk ``si`` of ``t`` filling ``pieces``, as :mod:`.chunk_spans` reads it, or
+    None when it is not a small plain DCP chunk. ``files``: each relative path's path, filled
+    as met (a join per chunk costs microseconds)."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    from .chunk_spans import SmallChunk, small_entry
+
+    c = t.saved.chunks[si]
+    index = MetadataIndex(t.key, c.offsets, si)
+    info = reader.storage_data.get(index)
+    if info is None or not small_entry(info):
+        return None
+    where = files.get(info.relative_path)
+    if where is None:
+        where = files[info.relative_path] = os.path.join(str(reader.path), info.relative_path)
+    dtype = t.saved.properties.dtype
+    return SmallChunk(index, where, info.offset, info.length, dtype, tuple(c.sizes), pieces)
+
+
+def _read_small(reader: Any, small: list[Any], stats: LoadStats) -> bool:
+    """Read ``small`` (:mod:`.chunk_spans`); False when one is an archive it cannot read in
+    place (the reader reads those chunks instead)."""
+    from .chunk_spans import read_spans
+
+    try:
+        nread, ranges = read_spans(small, reader.trace_reads)
+    except UnsupportedItem:
+        return False
+    stats.bytes_read += nread
+    stats.chunks += len(small)
+    stats.ranges += ranges
+    return True
 
 
 def _run_reader(
@@ -647,12 +653,12 @@ def _read_once(
     from torch.distributed.checkpoint.metadata import MetadataIndex
     from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
-    from .chunk_spans import Piece, SmallChunk, read_spans, small_entry
+    from .chunk_spans import Piece
 
     by_key = {t.key: t for t in targets}
     held: dict[str, list[torch.Tensor]] = {}
     items: list[Any] = []
-    small: list[SmallChunk] = []
+    small: list[Any] = []
     spanned: list[Any] = []  # their read items, should the reader have to read them
     files: dict[str, str] = {}
     for run in runs:
@@ -674,23 +680,14 @@ def _read_once(
             lengths=torch.Size(run.box.sizes),
         )
         stats.data_bytes += run.nbytes
-        info = reader.storage_data.get(index)
-        if info is None or not small_entry(info):
-            items.append(item)
-            continue
-        where = files.get(info.relative_path)
-        if where is None:
-            where = files[info.relative_path] = os.path.join(str(reader.path), info.relative_path)
         piece = Piece(out, (0,) * run.box.ndim, start, run.box.sizes)
-        small.append(SmallChunk(index, where, info.offset, info.length,
-                                t.saved.properties.dtype, tuple(chunk.sizes), [piece]))  # fmt: skip
-        spanned.append(item)
-    try:
-        nread, ranges = read_spans(small, reader.trace_reads)
-        stats.bytes_read += nread
-        stats.chunks += len(small)
-        stats.ranges += ranges
-    except UnsupportedItem:  # an archive chunk_spans cannot read in place: the reader can
+        c = _small_chunk(reader, t, run.chunk, [piece], files)
+        if c is None:
+            items.append(item)
+        else:
+            small.append(c)
+            spanned.append(item)
+    if not _read_small(reader, small, stats):
         items += spanned
     got: dict[str, Any] = {}
     _run_reader(reader, items, held, got, stats)

@@ -41,6 +41,7 @@ import dataclasses
 import functools
 import math
 from collections import ChainMap
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -223,28 +224,39 @@ def read_items_for_chunks(
     src = checked if checked is not None else checked_chunks(fqn, saved)
     if not local:
         return []
-    if len(chunks) * len(local) <= _DIRECT_PAIRS:
-        return _direct_read_items(fqn, chunks, local)
-    dst = Layout(src.shape, [Shard(Box(tuple(c.offsets), tuple(c.sizes)), 0) for c in local])
-    items: list[ReadItem] = []
+    boxes = [(tuple(c.offsets), tuple(c.sizes)) for c in local]
+    return [
+        ReadItem(
+            type=LoadItemType.TENSOR,
+            dest_index=MetadataIndex(fqn, local[di].offsets, di),
+            dest_offsets=torch.Size(dest_offsets),
+            storage_index=MetadataIndex(fqn, chunks[si].offsets, si),
+            storage_offsets=torch.Size(storage_offsets),
+            lengths=torch.Size(lengths),
+        )
+        for di, si, dest_offsets, storage_offsets, lengths in chunk_overlaps(src, boxes)
+    ]
+
+
+def chunk_overlaps(
+    src: Layout, local: Sequence[tuple[tuple[int, ...], tuple[int, ...]]]
+) -> Sequence[Overlap]:
+    """(local index, saved index, offsets in the local box, offsets in the saved chunk,
+    lengths) of each non-empty overlap of the saved chunks ``src`` (checked, chunk i on
+    "rank" i) with the boxes ``local`` (offsets, sizes)."""
+    if len(src.shards) * len(local) <= _DIRECT_PAIRS:
+        saved = tuple((sh.box.offsets, sh.box.sizes) for sh in src.shards)
+        return _direct_overlaps(saved, tuple(local))
+    dst = Layout(src.shape, [Shard(Box(o, n), 0) for o, n in local])
     # The destination holds only this rank's chunks, so it is no valid layout (no coverage):
-    # the source was checked above; validate=False plans without asking the destination to.
+    # the source was checked; validate=False plans without asking the destination to.
     # Offsets as the layouts' plain tuples: iterating a torch.Size costs more per element.
     src_off = [sh.box.offsets for sh in src.shards]
-    dst_off = [sh.box.offsets for sh in dst.shards]
-    for p in plan(src, dst, validate=False).pieces:
-        si, di = p.src_shard, p.dst_shard
-        items.append(
-            ReadItem(
-                type=LoadItemType.TENSOR,
-                dest_index=MetadataIndex(fqn, local[di].offsets, di),
-                dest_offsets=torch.Size(_minus(p.offsets, dst_off[di])),
-                storage_index=MetadataIndex(fqn, chunks[si].offsets, si),
-                storage_offsets=torch.Size(_minus(p.offsets, src_off[si])),
-                lengths=torch.Size(p.sizes),
-            )
-        )
-    return items
+    return [
+        (p.dst_shard, p.src_shard, torch.Size(_minus(p.offsets, local[p.dst_shard][0])),
+         torch.Size(_minus(p.offsets, src_off[p.src_shard])), torch.Size(p.sizes))
+        for p in plan(src, dst, validate=False).pieces
+    ]  # fmt: skip
 
 
 @functools.lru_cache(maxsize=1024)
@@ -264,27 +276,6 @@ def _minus(a: tuple[int, ...], b: Any) -> tuple[int, ...]:
 # Below this many (saved, local) pairs every pair is tried directly: a state dict of thousands
 # of small tensors pays per tensor for building layouts and a plan, more than the pairs cost.
 _DIRECT_PAIRS = 64
-
-
-def _direct_read_items(
-    fqn: str, chunks: list[ChunkStorageMetadata], local: list[ChunkStorageMetadata]
-) -> list[ReadItem]:
-    """The non-empty overlaps of every (local, saved) pair, as read items (CKPT-3)."""
-    geometry = _direct_overlaps(
-        tuple((tuple(c.offsets), tuple(c.sizes)) for c in chunks),
-        tuple((tuple(c.offsets), tuple(c.sizes)) for c in local),
-    )
-    return [
-        ReadItem(
-            type=LoadItemType.TENSOR,
-            dest_index=MetadataIndex(fqn, local[di].offsets, di),
-            dest_offsets=dest_offsets,
-            storage_index=MetadataIndex(fqn, chunks[si].offsets, si),
-            storage_offsets=storage_offsets,
-            lengths=lengths,
-        )
-        for di, si, dest_offsets, storage_offsets, lengths in geometry
-    ]
 
 
 Overlap = tuple[int, int, torch.Size, torch.Size, torch.Size]

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .dcp_files import DamagedItem, HeaderCache, UnsupportedItem, read_file_range
+from .dcp_files import DamagedItem, HeaderCache, read_file_range
 from .dcp_reader import WHOLE_ITEM_BYTES, CheckpointReadError, _where, truncated
 
 if TYPE_CHECKING:
@@ -145,9 +145,7 @@ def _fill(
     pieces. ``typed``: the span viewed as each dtype (for data aligned to its element)."""
     try:
         saved = headers.locate(raw[at : at + c.length])
-    except UnsupportedItem:
-        raise
-    except (DamagedItem, EOFError) as e:
+    except (DamagedItem, EOFError) as e:  # UnsupportedItem goes to the caller as it is
         raise CheckpointReadError(_where(path, c.index, str(e))) from e
     if saved.dtype != c.dtype or saved.size != c.sizes:
         raise CheckpointReadError(

@@ -39,10 +39,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shardspec.metadata import Box, Layout, Shard
+from shardspec.metadata import Box, Layout
 
 from .dcp_files import UnsupportedItem
 from .dcp_reader import CheckpointReadError
+from .load_exchange import BYTES_KEY, Target, exchange, replicated
 from .load_reads import Run, TensorReads, assign_reads, choose_reads
 
 if TYPE_CHECKING:
@@ -57,8 +58,6 @@ READS = ("auto", "own", "once")
 # rank receives W records, so at 1,024 ranks each byte here is a KiB per rank and agreement.
 _MSG = 480
 _DIGEST = 32
-# The stored bytes of non-tensor values travel under these keys, which no fqn starts with.
-_BYTES_KEY = "\0bytes:"
 
 
 class LoadError(RuntimeError):
@@ -78,15 +77,6 @@ class LoadStats:
     seconds: dict[str, float] = field(default_factory=dict)  # per phase
     # (file, start, stop) of every tensor byte range read, with trace_reads=True
     ranges: list[tuple[str, int, int]] = field(default_factory=list)
-
-
-@dataclass
-class _Target:
-    key: str
-    saved: Any  # TensorStorageMetadata
-    dst: Layout  # ranks of the group
-    outs: list[torch.Tensor]  # this rank's destination tensors, in dst.boxes_of(rank) order
-    chunks: Layout  # the saved chunks, checked (CKPT-1): chunk i on "rank" i
 
 
 def load(
@@ -160,7 +150,7 @@ def _load(
     stateful: set[str] = set()
     error: str | None = None
     digest = b""
-    targets: list[_Target] = []
+    targets: list[Target] = []
     values: list[tuple[str, Any]] = []
     runs: list[Run] = []
     mode = reads
@@ -216,7 +206,7 @@ def _load(
     stats.seconds["read"], clock = now - clock, now
 
     if mode == "once":
-        got = _exchange(held, runs, targets, values, group, comm, world, max_buffer_bytes)
+        got = exchange(held, runs, targets, values, group, comm, world, max_buffer_bytes)
     now = time.perf_counter()
     stats.seconds["exchange"], clock = now - clock, now
 
@@ -310,7 +300,7 @@ def _targets(
     group: dist.ProcessGroup | None,
     rank: int,
     world: int,
-) -> tuple[list[_Target], list[tuple[str, Any]]]:
+) -> tuple[list[Target], list[tuple[str, Any]]]:
     """Each tensor of the flattened state dict with its destination layout and this rank's
     destination tensors; and the non-tensor values, with their storage metadata."""
     import torch
@@ -324,7 +314,7 @@ def _targets(
     from .dcp import checked_chunks
 
     saved = md.state_dict_metadata
-    targets: list[_Target] = []
+    targets: list[Target] = []
     values: list[tuple[str, Any]] = []
     ranks = _group_ranks(group, world)
     for fqn in sorted(flat):
@@ -369,14 +359,10 @@ def _targets(
             layout, outs = sharded_tensor_layout(obj)
             dst = _in_group(layout, group, ranks)
         else:
-            dst = _replicated(shape, world)
+            dst = replicated(shape, world)
             outs = [obj]
-        targets.append(_Target(fqn, smd, dst, outs, chunks))
+        targets.append(Target(fqn, smd, dst, outs, chunks))
     return targets, values
-
-
-def _replicated(shape: tuple[int, ...], world: int) -> Layout:
-    return Layout(shape, [Shard(Box((0,) * len(shape), shape), r) for r in range(world)])
 
 
 def _group_ranks(group: dist.ProcessGroup | None, world: int) -> dict[int, int] | None:
@@ -408,7 +394,7 @@ def _in_group(
 
 
 def _digest(
-    mode: str, max_buffer_bytes: int | None, targets: list[_Target], values: list[tuple[str, Any]]
+    mode: str, max_buffer_bytes: int | None, targets: list[Target], values: list[tuple[str, Any]]
 ) -> bytes:
     h = hashlib.blake2b(digest_size=_DIGEST)
     h.update(repr((mode, max_buffer_bytes, [v[0] for v in values])).encode())
@@ -514,7 +500,7 @@ class _Into:
 
 def _read_own(
     reader: Any,
-    targets: list[_Target],
+    targets: list[Target],
     values: list[tuple[str, Any]],
     rank: int,
     got: dict[str, Any],
@@ -530,8 +516,8 @@ def _read_own(
     items: list[Any] = []
     dest: dict[str, list[torch.Tensor]] = {}
     small: list[Any] = []
-    later: list[tuple[_Target, Sequence[Box]]] = []  # read by the reader
-    spanned: list[tuple[_Target, Sequence[Box]]] = []
+    later: list[tuple[Target, Sequence[Box]]] = []  # read by the reader
+    spanned: list[tuple[Target, Sequence[Box]]] = []
     files: dict[str, str] = {}
     for t in targets:
         boxes = t.dst.boxes_of(rank)
@@ -558,7 +544,7 @@ def _read_own(
 
 
 def _small_chunks(
-    reader: Any, t: _Target, boxes: Sequence[Box], files: dict[str, str]
+    reader: Any, t: Target, boxes: Sequence[Box], files: dict[str, str]
 ) -> list[Any] | None:
     """The saved chunks of ``t`` that ``boxes`` (this rank's) overlap, with the pieces each
     fills, when all are small plain DCP chunks (:mod:`.chunk_spans`); else None."""
@@ -581,7 +567,7 @@ def _small_chunks(
     return out
 
 
-def _small_chunk(reader: Any, t: _Target, si: int, pieces: list[Any], files: dict[str, str]) -> Any:
+def _small_chunk(reader: Any, t: Target, si: int, pieces: list[Any], files: dict[str, str]) -> Any:
     """Saved chunk ``si`` of ``t`` filling ``pieces``, as :mod:`.chunk_spans` reads it, or
     None when it is not a small plain DCP chunk. ``files``: each relative path's path, filled
     as met (a join per chunk costs microseconds)."""
@@ -641,7 +627,7 @@ def _run_reader(
 def _read_once(
     reader: Any,
     runs: list[Run],
-    targets: list[_Target],
+    targets: list[Target],
     values: list[tuple[str, Any]],
     rank: int,
     world: int,
@@ -694,7 +680,7 @@ def _read_once(
     for i, (fqn, _) in enumerate(values):
         if i % world == rank:
             raw = _stored_bytes(reader, fqn, stats)
-            held[_BYTES_KEY + fqn] = [torch.frombuffer(bytearray(raw), dtype=torch.uint8)]
+            held[BYTES_KEY + fqn] = [torch.frombuffer(bytearray(raw), dtype=torch.uint8)]
             stats.value_bytes += len(raw)
     return held
 
@@ -747,132 +733,3 @@ def _check_value_file(reader: Any, fqn: str) -> Any:
             f"[{info.offset}, {end}) end past the file's {size} bytes"
         )
     return info
-
-
-def _exchange(
-    held: dict[str, list[torch.Tensor]],
-    runs: list[Run],
-    targets: list[_Target],
-    values: list[tuple[str, Any]],
-    group: dist.ProcessGroup | None,
-    comm: torch.device,
-    world: int,
-    max_buffer_bytes: int | None,
-) -> dict[str, bytes]:
-    """Deliver the runs to the destinations (one reshard of the whole state dict) and every
-    non-tensor value's bytes to every rank."""
-    import torch
-
-    from shardspec.reshard import reshard_state_dict
-
-    shards: dict[str, list[Shard]] = {}
-    for run in runs:
-        shards.setdefault(run.key, []).append(Shard(run.box, run.reader))
-    state: dict[str, list[torch.Tensor]] = {}
-    src: dict[str, Layout] = {}
-    dst: dict[str, Layout] = {}
-    out: dict[str, list[torch.Tensor]] = {}
-    dtypes: dict[str, torch.dtype] = {}
-    names: dict[str, str] = {}
-    whole = _broadcast_whole(held, runs, targets, group)
-    for t in targets:
-        if t.dst.numel == 0 or t.key in whole:
-            continue
-        state[t.key] = held.get(t.key, [])
-        src[t.key] = Layout(t.dst.shape, shards[t.key])
-        dst[t.key] = t.dst
-        out[t.key] = t.outs
-        dtypes[t.key] = t.saved.properties.dtype
-        names[t.key] = f"tensor '{t.key}'"
-    sizes = _value_sizes(values, held, group, comm)
-    for i, (fqn, _) in enumerate(values):
-        k = _BYTES_KEY + fqn
-        n = sizes[i]
-        state[k] = held.get(k, [])
-        src[k] = Layout((n,), [Shard(Box((0,), (n,)), i % world)])
-        dst[k] = _replicated((n,), world)
-        out[k] = [torch.empty(n, dtype=torch.uint8)]
-        dtypes[k] = torch.uint8
-        names[k] = f"the stored bytes of value '{fqn}'"
-    if not state:
-        return {}
-    result = reshard_state_dict(
-        state, src, dst, group, max_buffer_bytes=max_buffer_bytes, dtypes=dtypes, out=out,
-        names=names,
-    )  # fmt: skip
-    return {fqn: result[_BYTES_KEY + fqn][0].numpy().tobytes() for fqn, _ in values}
-
-
-def _whole_on_every_rank(dst: Layout, world: int) -> bool:
-    """Whether every rank of the group holds the whole tensor, once (a plain tensor, a
-    replicated DTensor)."""
-    if len(dst.shards) != world:
-        return False
-    full = Box((0,) * len(dst.shape), dst.shape)
-    return {s.rank for s in dst.shards} == set(range(world)) and all(
-        s.box == full for s in dst.shards
-    )
-
-
-def _broadcast_whole(
-    held: Mapping[str, list[torch.Tensor]],
-    runs: list[Run],
-    targets: list[_Target],
-    group: dist.ProcessGroup | None,
-) -> set[str]:
-    """Deliver the tensors every rank holds whole: each run broadcast by its reader straight
-    into every rank's destination (the executor would pack W-1 copies of it into one send
-    buffer). Returns their keys."""
-    import torch
-    import torch.distributed as dist
-
-    world = dist.get_world_size(group)
-    rank = dist.get_rank(group)
-    by_key: dict[str, list[Run]] = {}
-    for run in runs:
-        by_key.setdefault(run.key, []).append(run)
-    done: set[str] = set()
-    with torch.no_grad():
-        for t in targets:
-            if t.dst.numel == 0 or world == 1 or not _whole_on_every_rank(t.dst, world):
-                continue
-            out = t.outs[0]
-            mine = iter(held.get(t.key, []))  # this rank's runs, in the runs' order
-            for run in by_key.get(t.key, []):
-                view = out[run.box.slices()]
-                if run.reader == rank:
-                    buf = next(mine).to(out.device)
-                elif view.is_contiguous():
-                    buf = view
-                else:
-                    buf = torch.empty(run.box.sizes, dtype=out.dtype, device=out.device)
-                src = run.reader if group is None else dist.get_global_rank(group, run.reader)
-                # as bytes: gloo broadcasts no int16, bool, uint16... (a contiguous buffer's
-                # reshape is a view, so the bytes land in it)
-                dist.broadcast(buf.reshape(-1).view(torch.uint8), src, group=group)
-                if buf is not view:
-                    view.copy_(buf)
-            done.add(t.key)
-    return done
-
-
-def _value_sizes(
-    values: list[tuple[str, Any]],
-    held: Mapping[str, list[torch.Tensor]],
-    group: dist.ProcessGroup | None,
-    comm: torch.device,
-) -> list[int]:
-    """Every value's stored size, known to every rank (only its reader knows it)."""
-    import torch
-    import torch.distributed as dist
-
-    if not values:
-        return []
-    sizes = torch.zeros(len(values), dtype=torch.int64)
-    for i, (fqn, _) in enumerate(values):
-        mine = held.get(_BYTES_KEY + fqn)
-        if mine:
-            sizes[i] = mine[0].numel()
-    sizes = sizes.to(comm)
-    dist.all_reduce(sizes, group=group)
-    return [int(x) for x in sizes.cpu().tolist()]

@@ -1,0 +1,247 @@
+"""The exchange of ``reads="once"`` (CKPT-24): the runs each rank read, delivered to every
+rank's destinations, and the stored bytes of non-tensor values to every rank.
+
+The executor moves the tensors of one device per rank, and an NCCL group moves CUDA tensors
+only, while the runs are read into host memory and a destination may be anywhere (a CPU state
+dict loaded over NCCL, CUDA tensors over gloo). So the runs move to the exchange's device, and
+a destination on another device receives into a staging tensor there, copied in after. Under
+NCCL the keys go in batches of at most :data:`STAGE_BYTES` a rank (counted from the layouts,
+so every rank cuts the same batches): a CPU state dict never lands on the GPU whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from shardspec.metadata import Box, Layout, Shard
+
+from .load_reads import Run
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+__all__ = ["BYTES_KEY", "STAGE_BYTES", "Target", "batches", "exchange", "replicated"]
+
+# The stored bytes of non-tensor values travel under these keys, which no fqn starts with.
+BYTES_KEY = "\0bytes:"
+# Runs and staged destinations one exchange of a batch may hold on the GPU, per rank.
+STAGE_BYTES = 1 << 30
+
+
+@dataclass
+class Target:
+    key: str
+    saved: Any  # TensorStorageMetadata
+    dst: Layout  # ranks of the group
+    outs: list[torch.Tensor]  # this rank's destination tensors, in dst.boxes_of(rank) order
+    chunks: Layout  # the saved chunks, checked (CKPT-1): chunk i on "rank" i
+
+
+def replicated(shape: tuple[int, ...], world: int) -> Layout:
+    """``shape`` held whole by every rank of ``world``."""
+    return Layout(shape, [Shard(Box((0,) * len(shape), shape), r) for r in range(world)])
+
+
+def batches(weights: list[tuple[str, int]], budget: int | None) -> list[list[str]]:
+    """The keys, in their order, cut into batches of at most ``budget`` weight (a key heavier
+    than the budget alone); one batch when ``budget`` is None."""
+    if budget is None:
+        return [[k for k, _ in weights]] if weights else []
+    out: list[list[str]] = []
+    total = 0
+    for key, w in weights:
+        if not out or total + w > budget:
+            out.append([])
+            total = 0
+        out[-1].append(key)
+        total += w
+    return out
+
+
+def _weights(
+    targets: list[Target], runs: list[Run], sizes: list[int], world: int
+) -> list[tuple[str, int]]:
+    """Per exchanged key, the most bytes any one rank holds of it during its exchange: the runs
+    it read plus its destination boxes. From the layouts alone, the same on every rank."""
+    read: dict[str, list[int]] = {}
+    for run in runs:
+        read.setdefault(run.key, [0] * world)[run.reader] += run.nbytes
+    out: list[tuple[str, int]] = []
+    for t in targets:
+        item = t.saved.properties.dtype.itemsize
+        per = list(read.get(t.key, [0] * world))
+        for s in t.dst.shards:
+            per[s.rank] += s.box.numel * item
+        out.append((t.key, max(per, default=0)))
+    return out + [(f"{BYTES_KEY}{i}", 2 * n) for i, n in enumerate(sizes)]
+
+
+def exchange(
+    held: dict[str, list[torch.Tensor]],
+    runs: list[Run],
+    targets: list[Target],
+    values: list[tuple[str, Any]],
+    group: dist.ProcessGroup | None,
+    comm: torch.device,
+    world: int,
+    max_buffer_bytes: int | None,
+) -> dict[str, bytes]:
+    """Deliver the runs to the destinations (a reshard of the state dict, in batches under
+    NCCL) and every non-tensor value's bytes to every rank."""
+    import torch
+
+    from shardspec.reshard import reshard_state_dict
+
+    dev = _device(targets, comm)
+    shards: dict[str, list[Shard]] = {}
+    for run in runs:
+        shards.setdefault(run.key, []).append(Shard(run.box, run.reader))
+    whole = _broadcast_whole(held, runs, targets, group, comm)
+    moved = [t for t in targets if t.dst.numel and t.key not in whole]
+    sizes = _value_sizes(values, held, group, comm)
+    by_key = {t.key: t for t in moved}
+    budget = STAGE_BYTES if comm.type == "cuda" else None
+    got: dict[str, bytes] = {}
+    for keys in batches(_weights(moved, runs, sizes, world), budget):
+        state: dict[str, list[torch.Tensor]] = {}
+        src: dict[str, Layout] = {}
+        dst: dict[str, Layout] = {}
+        out: dict[str, list[torch.Tensor]] = {}
+        dtypes: dict[str, torch.dtype] = {}
+        names: dict[str, str] = {}
+        staged: list[tuple[torch.Tensor, torch.Tensor]] = []  # (on dev, the destination)
+        for key in keys:
+            if key in by_key:
+                t = by_key[key]
+                src[key] = Layout(t.dst.shape, shards[key])
+                dst[key] = t.dst
+                out[key] = [_staged(o, dev, staged) for o in t.outs]
+                dtypes[key] = t.saved.properties.dtype
+                names[key] = f"tensor '{key}'"
+            else:  # a value's stored bytes, read by rank i % W
+                i = int(key[len(BYTES_KEY) :])
+                fqn, n = values[i][0], sizes[i]
+                key = BYTES_KEY + fqn
+                src[key] = Layout((n,), [Shard(Box((0,), (n,)), i % world)])
+                dst[key] = replicated((n,), world)
+                out[key] = [torch.empty(n, dtype=torch.uint8, device=dev)]
+                dtypes[key] = torch.uint8
+                names[key] = f"the stored bytes of value '{fqn}'"
+            # popped: a batch's runs leave host memory as it goes
+            state[key] = [h.to(dev) for h in held.pop(key, [])]
+        result = reshard_state_dict(
+            state, src, dst, group, max_buffer_bytes=max_buffer_bytes, dtypes=dtypes, out=out,
+            names=names,
+        )  # fmt: skip
+        for tmp, dest in staged:
+            dest.copy_(tmp)
+        for key in keys:
+            if key not in by_key:
+                fqn = values[int(key[len(BYTES_KEY) :])][0]
+                got[fqn] = result[BYTES_KEY + fqn][0].cpu().numpy().tobytes()
+    return got
+
+
+def _device(targets: list[Target], comm: torch.device) -> torch.device:
+    """Where this rank's side of the exchange lives: the GPU of an NCCL group, else the device
+    of its first destination (gloo moves CPU and CUDA tensors)."""
+    if comm.type != "cpu":
+        return comm
+    for t in targets:
+        for o in t.outs:
+            return o.device
+    return comm
+
+
+def _staged(
+    dest: torch.Tensor, dev: torch.device, staged: list[tuple[torch.Tensor, torch.Tensor]]
+) -> torch.Tensor:
+    """``dest`` itself where it is on ``dev``, else a new tensor there that receives for it."""
+    import torch
+
+    if dest.device == dev:
+        return dest
+    tmp = torch.empty(dest.shape, dtype=dest.dtype, device=dev)
+    staged.append((tmp, dest))
+    return tmp
+
+
+def _whole_on_every_rank(dst: Layout, world: int) -> bool:
+    """Whether every rank of the group holds the whole tensor, once (a plain tensor, a
+    replicated DTensor)."""
+    if len(dst.shards) != world:
+        return False
+    full = Box((0,) * len(dst.shape), dst.shape)
+    return {s.rank for s in dst.shards} == set(range(world)) and all(
+        s.box == full for s in dst.shards
+    )
+
+
+def _broadcast_whole(
+    held: dict[str, list[torch.Tensor]],
+    runs: list[Run],
+    targets: list[Target],
+    group: dist.ProcessGroup | None,
+    comm: torch.device,
+) -> set[str]:
+    """Deliver the tensors every rank holds whole: each run broadcast by its reader straight
+    into every rank's destination (the executor would pack W-1 copies of it into one send
+    buffer), through a buffer on the GPU under NCCL where the destination is elsewhere.
+    Returns their keys."""
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    by_key: dict[str, list[Run]] = {}
+    for run in runs:
+        by_key.setdefault(run.key, []).append(run)
+    done: set[str] = set()
+    with torch.no_grad():
+        for t in targets:
+            if t.dst.numel == 0 or world == 1 or not _whole_on_every_rank(t.dst, world):
+                continue
+            out = t.outs[0]
+            wire = comm if comm.type != "cpu" else out.device
+            mine = iter(held.pop(t.key, []))  # this rank's runs, in the runs' order
+            for run in by_key.get(t.key, []):
+                view = out[run.box.slices()]
+                if run.reader == rank:
+                    buf = next(mine).to(wire)
+                elif view.is_contiguous() and view.device == wire:
+                    buf = view
+                else:
+                    buf = torch.empty(run.box.sizes, dtype=out.dtype, device=wire)
+                src = run.reader if group is None else dist.get_global_rank(group, run.reader)
+                # as bytes: gloo broadcasts no int16, bool, uint16... (a contiguous buffer's
+                # reshape is a view, so the bytes land in it)
+                dist.broadcast(buf.reshape(-1).view(torch.uint8), src, group=group)
+                if buf is not view:
+                    view.copy_(buf)
+            done.add(t.key)
+    return done
+
+
+def _value_sizes(
+    values: list[tuple[str, Any]],
+    held: Mapping[str, list[torch.Tensor]],
+    group: dist.ProcessGroup | None,
+    comm: torch.device,
+) -> list[int]:
+    """Every value's stored size, known to every rank (only its reader knows it)."""
+    import torch
+    import torch.distributed as dist
+
+    if not values:
+        return []
+    sizes = torch.zeros(len(values), dtype=torch.int64)
+    for i, (fqn, _) in enumerate(values):
+        mine = held.get(BYTES_KEY + fqn)
+        if mine:
+            sizes[i] = mine[0].numel()
+    sizes = sizes.to(comm)
+    dist.all_reduce(sizes, group=group)
+    return [int(x) for x in sizes.cpu().tolist()]

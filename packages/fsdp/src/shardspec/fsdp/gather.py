@@ -96,6 +96,6 @@ def gather_fsdp_dim(tensor: DTensor) -> torch.Tensor:
     for c in range(k):
         if not peer_idx[c]:
             continue
-        pos = torch.tensor([where[g] for g in peer_idx[c]], dtype=torch.long)
+        pos = torch.tensor([where[g] for g in peer_idx[c]], dtype=torch.long, device=result.device)
         result.index_copy_(d, pos, outs[c].narrow(d, 0, len(peer_idx[c])))
     return result

@@ -352,8 +352,14 @@ def _targets(
         if isinstance(obj, DTensor):
             layout = from_dtensor(obj)
             boxes = layout.boxes_of(_global(group, rank))
-            local = obj.to_local()
-            outs = [local[sl] for sl in dtensor_local_slices(boxes)] if boxes else []
+            # the local tensor itself: to_local() is an autograd Function (~25 us a call)
+            local = getattr(obj, "_local_tensor", None)
+            if not isinstance(local, torch.Tensor):
+                local = obj.to_local()
+            if len(boxes) == 1 and boxes[0].sizes == tuple(local.shape):
+                outs = [local]
+            else:
+                outs = [local[sl] for sl in dtensor_local_slices(boxes)] if boxes else []
             dst = _in_group(layout, group, ranks)
         elif isinstance(obj, ShardedTensor):
             layout, outs = sharded_tensor_layout(obj)
@@ -518,11 +524,11 @@ def _read_own(
     small: list[Any] = []
     later: list[tuple[Target, Sequence[Box]]] = []  # read by the reader
     spanned: list[tuple[Target, Sequence[Box]]] = []
-    files: dict[str, str] = {}
+    entries = _SmallEntries(reader, targets)
     for t in targets:
         boxes = t.dst.boxes_of(rank)
         stats.data_bytes += sum(b.numel for b in boxes) * t.saved.properties.dtype.itemsize
-        chunks = _small_chunks(reader, t, boxes, files) if boxes else []
+        chunks = _small_chunks(entries, t, boxes) if boxes else []
         if chunks is None:
             later.append((t, boxes))
         else:
@@ -543,9 +549,46 @@ def _read_own(
     stats.value_bytes += sum(len(got[f]) for f, _ in values)
 
 
-def _small_chunks(
-    reader: Any, t: Target, boxes: Sequence[Box], files: dict[str, str]
-) -> list[Any] | None:
+class _SmallEntries:
+    """Where each saved chunk of the load's tensors lies, when :mod:`.chunk_spans` can read it
+    (a small plain DCP chunk): one pass over the storage metadata, which a lookup per chunk
+    (a ``MetadataIndex`` made and hashed, the entry's fields read) costs ten times over for
+    thousands of chunks."""
+
+    def __init__(self, reader: Any, targets: Sequence[Target]) -> None:
+        from .chunk_spans import small_entry
+
+        keys = {t.key for t in targets}
+        base = str(reader.path)
+        files: dict[str, str] = {}
+        self._at: dict[tuple[str, tuple[int, ...]], tuple[Any, str, int, int] | None] = {}
+        for index, info in reader.storage_data.items():
+            if index.fqn not in keys:
+                continue
+            found = None
+            if small_entry(info):
+                rel = info.relative_path
+                where = files.get(rel)
+                if where is None:
+                    where = files[rel] = os.path.join(base, rel)
+                found = (index, where, int(info.offset), int(info.length))
+            self._at[(index.fqn, tuple(index.offset or ()))] = found
+
+    def chunk(self, t: Target, si: int, pieces: list[Any]) -> Any:
+        """Saved chunk ``si`` of ``t`` filling ``pieces``, as :mod:`.chunk_spans` reads it, or
+        None when it cannot (or the metadata has no storage entry for it)."""
+        from .chunk_spans import SmallChunk
+
+        c = t.saved.chunks[si]
+        found = self._at.get((t.key, tuple(c.offsets)))
+        if found is None:
+            return None
+        index, where, offset, length = found
+        return SmallChunk(index, where, offset, length, t.saved.properties.dtype,
+                          tuple(c.sizes), pieces)  # fmt: skip
+
+
+def _small_chunks(entries: _SmallEntries, t: Target, boxes: Sequence[Box]) -> list[Any] | None:
     """The saved chunks of ``t`` that ``boxes`` (this rank's) overlap, with the pieces each
     fills, when all are small plain DCP chunks (:mod:`.chunk_spans`); else None."""
     from .chunk_spans import Piece
@@ -560,31 +603,11 @@ def _small_chunks(
         )
     out = []
     for si, ps in pieces.items():
-        c = _small_chunk(reader, t, si, ps, files)
+        c = entries.chunk(t, si, ps)
         if c is None:
             return None
         out.append(c)
     return out
-
-
-def _small_chunk(reader: Any, t: Target, si: int, pieces: list[Any], files: dict[str, str]) -> Any:
-    """Saved chunk ``si`` of ``t`` filling ``pieces``, as :mod:`.chunk_spans` reads it, or
-    None when it is not a small plain DCP chunk. ``files``: each relative path's path, filled
-    as met (a join per chunk costs microseconds)."""
-    from torch.distributed.checkpoint.metadata import MetadataIndex
-
-    from .chunk_spans import SmallChunk, small_entry
-
-    c = t.saved.chunks[si]
-    index = MetadataIndex(t.key, c.offsets, si)
-    info = reader.storage_data.get(index)
-    if info is None or not small_entry(info):
-        return None
-    where = files.get(info.relative_path)
-    if where is None:
-        where = files[info.relative_path] = os.path.join(str(reader.path), info.relative_path)
-    dtype = t.saved.properties.dtype
-    return SmallChunk(index, where, info.offset, info.length, dtype, tuple(c.sizes), pieces)
 
 
 def _read_small(reader: Any, small: list[Any], stats: LoadStats) -> bool:
@@ -646,7 +669,7 @@ def _read_once(
     items: list[Any] = []
     small: list[Any] = []
     spanned: list[Any] = []  # their read items, should the reader have to read them
-    files: dict[str, str] = {}
+    entries = _SmallEntries(reader, targets)
     for run in runs:
         if run.reader != rank:
             continue
@@ -667,7 +690,7 @@ def _read_once(
         )
         stats.data_bytes += run.nbytes
         piece = Piece(out, (0,) * run.box.ndim, start, run.box.sizes)
-        c = _small_chunk(reader, t, run.chunk, [piece], files)
+        c = entries.chunk(t, run.chunk, [piece])
         if c is None:
             items.append(item)
         else:

@@ -151,3 +151,63 @@ def test_a_read_cut_short_after_the_size_check_names_the_file(
     first = min(chunks, key=lambda c: c.offset)
     with pytest.raises(CheckpointReadError, match=rf"{first.path}: tensor '{first.index.fqn}' "):
         read_spans(chunks, trace=False)
+
+
+def _save_rows(path: Path) -> tuple[dict[str, Any], Any]:
+    """Three int16 (4, 6) tensors between odd-sized ones, so their data sits at different
+    alignments in the file."""
+    import torch.distributed.checkpoint as dcp
+
+    sd: dict[str, Any] = {}
+    for i in range(3):
+        sd[f"odd{i}"] = random_tensor((2 * i + 1,), torch.uint8, 10 + i)
+        sd[f"p{i}"] = random_tensor((4, 6), torch.int16, 20 + i)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(sd, checkpoint_id=path, no_dist=True)
+    return sd, dcp.FileSystemReader(path).read_metadata()
+
+
+def _row_chunk(path: Path, md: Any, name: str, pieces: list[Piece]) -> SmallChunk:
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    smd = md.state_dict_metadata[name]
+    (c,) = smd.chunks
+    index = MetadataIndex(name, c.offsets, 0)
+    info = md.storage_data[index]
+    return SmallChunk(index, os.path.join(path, info.relative_path), int(info.offset),
+                      int(info.length), smd.properties.dtype, tuple(c.sizes), pieces)  # fmt: skip
+
+
+@pytest.mark.rule("CKPT-24")
+def test_destinations_of_one_geometry_are_filled_together_from_several_chunks(
+    tmp_path: Path,
+) -> None:
+    # destination j: rows [4k, 4k + 4) from p((j + k) % 3), columns 1-4 of each: three
+    # destinations of one geometry (the gathered path), three pieces each, data unaligned
+    sd, md = _save_rows(tmp_path)
+    outs = [torch.zeros(12, 4, dtype=torch.int16) for _ in range(3)]
+    pieces: dict[str, list[Piece]] = {f"p{i}": [] for i in range(3)}
+    for j, out in enumerate(outs):
+        for k in range(3):
+            pieces[f"p{(j + k) % 3}"].append(Piece(out, (4 * k, 0), (0, 1), (4, 4)))
+    chunks = [_row_chunk(tmp_path, md, name, ps) for name, ps in pieces.items()]
+    read_spans(chunks, trace=False)
+    for j, out in enumerate(outs):
+        want = torch.cat([sd[f"p{(j + k) % 3}"][:, 1:5] for k in range(3)])
+        assert same_bits(out, want), j
+
+
+@pytest.mark.rule("CKPT-24")
+def test_a_destination_its_pieces_do_not_tile_keeps_the_rest(tmp_path: Path) -> None:
+    sd, md = _save_rows(tmp_path)
+    out = torch.full((6, 6), 7, dtype=torch.int16)
+    chunks = [
+        _row_chunk(tmp_path, md, "p1", [Piece(out, (1, 0), (0, 0), (4, 6))]),
+        _row_chunk(tmp_path, md, "p2", [Piece(out, (5, 2), (3, 1), (1, 3))]),
+    ]
+    read_spans(chunks, trace=False)
+    want = torch.full((6, 6), 7, dtype=torch.int16)
+    want[1:5] = sd["p1"]
+    want[5, 2:5] = sd["p2"][3, 1:4]
+    assert same_bits(out, want)

@@ -5,6 +5,8 @@ over gloo) run in the GPU phases of the conformance suite (``python -m conforman
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, strategies as st
 
 from shardspec.checkpoint.load_exchange import batches
@@ -30,5 +32,5 @@ def test_batches_hold_every_key_once_in_order_within_the_budget(
         assert b, "no empty batch"
         assert len(b) == 1 or sum(w[k] for k in b) <= budget
     # greedy: a batch does not end while the next key would still fit
-    for b, nxt in zip(got, got[1:]):
+    for b, nxt in itertools.pairwise(got):
         assert sum(w[k] for k in b) + w[nxt[0]] > budget

@@ -11,12 +11,13 @@ the pieces copied into their destinations. Large chunks, transformed or non-DCP 
 (ByteCheckpoint, safetensors) stay with the reader.
 
 A copy per piece costs some 40 us of Python (views, a narrow, the copy), as much as the rest of
-the load for thousands of small tensors; but a model's tensors come in few geometries. So each
-destination whose pieces tile it is filled from a byte index made once per geometry (its
-pieces, their chunks' strides): the destinations of one geometry are gathered from the spans in
-one ``take`` and written by one ``_foreach_copy_``. The index works on bytes, so a chunk's data
-need not be aligned to its element in the span. A destination the pieces do not tile (the rest
-of it is not the load's to write) is copied piece by piece.
+the load for thousands of small tensors; but a model's tensors come in few geometries. So the
+destinations whose pieces tile them are grouped by geometry (shape, pieces, their chunks'
+strides), and per piece of a geometry one ``index_select`` takes, for every destination at
+once, the bytes of its chunk that hold the piece (a row a destination: rows start at any byte,
+so a chunk's data need not be aligned to its element in the span), read as the dtype and
+strided into a staging tensor; one ``_foreach_copy_`` writes the destinations. A destination
+the pieces do not tile (the rest of it is not the load's to write) is copied piece by piece.
 """
 
 from __future__ import annotations
@@ -39,11 +40,8 @@ __all__ = ["Piece", "SmallChunk", "read_spans", "small_entry"]
 _SPAN_BYTES = 16 << 20
 # Spans held in memory at once (their pieces are copied out before the next are read).
 _BATCH_BYTES = 256 << 20
-# The byte index of one gather (8 bytes a byte of data) is cut to this.
+# The windows of one gather (a piece's bytes per destination) are cut to this.
 _INDEX_BYTES = 64 << 20
-# Destinations up to this many bytes are filled by their geometry's index (16 bytes of index a
-# byte); larger ones take few pieces each, whose Python costs little beside their copy.
-_PATTERN_BYTES = 256 << 10
 
 
 @dataclass
@@ -257,51 +255,49 @@ def _copy(
                 for piece, start in zip(geometry[1], starts):
                     _copy_piece(buf, out, start, piece)
             continue
-        piece_of, rel = pattern
-        step = max(1, _INDEX_BYTES // (8 * max(1, rel.numel())))
+        per = sum(w for _, _, _, _, w in pattern)  # window bytes a destination
+        step = max(1, _INDEX_BYTES // max(1, per))
         for i in range(0, len(members), step):
             part = members[i : i + step]
             starts_t = torch.tensor([starts for _, starts in part], dtype=torch.int64)
-            data = buf.take(starts_t[:, piece_of] + rel).view(dtype)
-            data = data.view(len(part), *geometry[0])
+            staging = torch.empty((len(part), *geometry[0]), dtype=dtype)
+            for k, (region, lengths, stride, lo, width) in enumerate(pattern):
+                # row j of `windows`: the `width` bytes from byte j of the batch
+                windows = buf.as_strided((buf.numel() - width + 1, width), (1, 1))
+                rows = windows.index_select(0, starts_t[:, k] + lo).view(dtype)
+                src = rows.as_strided((len(part), *lengths), (rows.shape[1], *stride))
+                staging[(slice(None),) + region].copy_(src)
             dests = [out for out, _ in part]
             if device.type == "cpu":
-                torch._foreach_copy_(dests, list(data.unbind(0)))
+                torch._foreach_copy_(dests, list(staging.unbind(0)))
             else:
-                for dest, d in zip(dests, data.unbind(0)):
+                for dest, d in zip(dests, staging.unbind(0)):
                     dest.copy_(d)
 
 
-def _pattern(geometry: _Geometry) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """For a destination of ``geometry``'s shape, per byte of it (row-major): which of its
-    pieces holds it and its offset from that piece's chunk's data. None when the pieces do not
-    tile the destination or reach past their chunk's data."""
-    import numpy as np
-    import torch
+_Window = tuple[tuple[slice, ...], tuple[int, ...], tuple[int, ...], int, int]
 
+
+def _pattern(geometry: _Geometry) -> list[_Window] | None:
+    """Per piece of a destination of ``geometry``: where it lies in the destination, its
+    lengths, its chunk's strides, and the bytes of its chunk's data that hold it (from ``lo``,
+    ``width`` long), so that a row of those bytes read as the dtype and strided is the piece.
+    None when the pieces do not tile the destination (they are disjoint: the chunks are), or
+    reach outside their chunk's data."""
     shape, pieces = geometry
-    n = math.prod(shape)
-    size = pieces[0][6]
-    if n == 0 or n * size > _PATTERN_BYTES:
+    if math.prod(shape) == 0 or sum(math.prod(p[2]) for p in pieces) != math.prod(shape):
         return None
-    lin = np.arange(n, dtype=np.int64).reshape(shape)
-    piece_of = np.full(n, -1, dtype=np.int64)
-    rel = np.zeros(n, dtype=np.int64)
-    for k, (dst_off, src_off, lengths, stride, storage_offset, data_length, _) in enumerate(pieces):
-        src = np.full(lengths, storage_offset, dtype=np.int64)
-        for d, (o, m, st) in enumerate(zip(src_off, lengths, stride)):
-            view = [1] * len(lengths)
-            view[d] = m
-            src += ((o + np.arange(m, dtype=np.int64)) * st).reshape(view)
-        if src.size and (src.min() < 0 or (src.max() + 1) * size > data_length):
+    out: list[_Window] = []
+    for dst_off, src_off, lengths, stride, storage_offset, data_length, size in pieces:
+        if any(st < 0 for st in stride):
             return None
-        region = lin[tuple(slice(o, o + m) for o, m in zip(dst_off, lengths))].reshape(-1)
-        piece_of[region] = k
-        rel[region] = src.reshape(-1)
-    if (piece_of < 0).any():
-        return None
-    rel_bytes = (rel[:, None] * size + np.arange(size, dtype=np.int64)).reshape(-1)
-    return torch.from_numpy(np.repeat(piece_of, size)), torch.from_numpy(rel_bytes)
+        first = storage_offset + sum(o * st for o, st in zip(src_off, stride))
+        last = first + sum((n - 1) * st for n, st in zip(lengths, stride))
+        if first < 0 or (last + 1) * size > data_length:
+            return None
+        region = tuple(slice(o, o + n) for o, n in zip(dst_off, lengths))
+        out.append((region, lengths, stride, first * size, (last + 1 - first) * size))
+    return out
 
 
 def _copy_piece(buf: torch.Tensor, out: torch.Tensor, start: int, piece: tuple[Any, ...]) -> None:
@@ -316,4 +312,5 @@ def _copy_piece(buf: torch.Tensor, out: torch.Tensor, start: int, piece: tuple[A
         if o or m != dst.shape[d]:
             dst = dst.narrow(d, o, m)
     first = storage_offset + sum(o * s for o, s in zip(src_off, stride))
-    dst.copy_(view.as_strided(lengths, stride, first))
+    # as_strided counts its offset from the storage's start, not the view's
+    dst.copy_(view.as_strided(lengths, stride, view.storage_offset() + first))

@@ -598,9 +598,7 @@ def _small_chunks(entries: _SmallEntries, t: Target, boxes: Sequence[Box]) -> li
     for di, si, dst_off, src_off, lengths in chunk_overlaps(
         t.chunks, [(b.offsets, b.sizes) for b in boxes]
     ):
-        pieces.setdefault(si, []).append(
-            Piece(t.outs[di], tuple(dst_off), tuple(src_off), tuple(lengths))
-        )
+        pieces.setdefault(si, []).append(Piece(t.outs[di], dst_off, src_off, lengths))
     out = []
     for si, ps in pieces.items():
         c = entries.chunk(t, si, ps)

@@ -19,11 +19,12 @@ saved byte at most once and only the bytes a rank needs (CKPT-13 to CKPT-16).
           if (bad := chunk_error(e)) is None:
               raise
           print(bad.fqn, bad.kind, bad.chunks)  # or: raise bad from e
-* The read items come from :func:`shardspec.reshard.plan`: the saved chunks are indexed once
-  per tensor, and each local chunk asks the index for the chunks it meets, so one rank's
-  planning costs O((n + m) log(n + m) + k) for n saved and m local chunks and k reads
-  (CKPT-2). Upstream sweeps one dim and compares every saved chunk the sweep keeps open with
-  every local chunk, which grows as n x m when the chunks are cut along another dim.
+* The read items come from :func:`chunk_overlaps`: the saved chunks are indexed once per
+  tensor (:class:`shardspec.reshard.index.BoxIndex`, the planner's index), and each local
+  chunk asks the index for the chunks it meets, so one rank's planning costs
+  O((n + m) log(n + m) + k) for n saved and m local chunks and k reads (CKPT-2). Upstream
+  sweeps one dim and compares every saved chunk the sweep keeps open with every local chunk,
+  which grows as n x m when the chunks are cut along another dim.
 
 The read items are those the default planner makes, without its zero-length reads (an empty
 chunk lying inside another one), so the loaded bytes are the same (CKPT-3).
@@ -72,8 +73,8 @@ from torch.distributed.checkpoint.planner_helpers import _create_chunk_list, _cr
 from torch.distributed.tensor import DTensor
 
 from shardspec.checkpoint.chunks import ChunkError, check_chunks, chunk_verdict
-from shardspec.metadata import Box, Layout, Shard
-from shardspec.reshard.planner import plan
+from shardspec.metadata import Box, Layout
+from shardspec.reshard.index import BoxIndex
 
 from .dcp_reader import PLAN_STAYS_LOCAL, CheckpointReadError, FileSystemReader
 
@@ -130,8 +131,8 @@ def _inner(error: BaseException, kind: type[_E]) -> _E | None:
 
 
 class LoadPlanner(DefaultLoadPlanner):  # type: ignore[misc]
-    """``DefaultLoadPlanner`` whose read items come from :func:`plan`, after checking the
-    saved chunks of every tensor it reads. Takes the same arguments."""
+    """``DefaultLoadPlanner`` whose read items come from :func:`chunk_overlaps`, after checking
+    the saved chunks of every tensor it reads. Takes the same arguments."""
 
     def create_local_plan(self) -> LoadPlan:
         md = self.metadata
@@ -247,16 +248,18 @@ def chunk_overlaps(
     if len(src.shards) * len(local) <= _DIRECT_PAIRS:
         saved = tuple((sh.box.offsets, sh.box.sizes) for sh in src.shards)
         return _direct_overlaps(saved, tuple(local))
-    dst = Layout(src.shape, [Shard(Box(o, n), 0) for o, n in local])
-    # The destination holds only this rank's chunks, so it is no valid layout (no coverage):
-    # the source was checked; validate=False plans without asking the destination to.
-    # Offsets as the layouts' plain tuples: iterating a torch.Size costs more per element.
+    # The saved chunks were checked (CKPT-1): their non-empty boxes are disjoint, as a
+    # BoxIndex wants them; each local box asks it for its clipped overlaps (a plan would build
+    # a destination layout and pieces for the same answer).
+    kept = [i for i, sh in enumerate(src.shards) if not sh.box.is_empty]
+    index = BoxIndex([src.shards[i].box for i in kept], src.shape)
     src_off = [sh.box.offsets for sh in src.shards]
-    return [
-        (p.dst_shard, p.src_shard, torch.Size(_minus(p.offsets, local[p.dst_shard][0])),
-         torch.Size(_minus(p.offsets, src_off[p.src_shard])), torch.Size(p.sizes))
-        for p in plan(src, dst, validate=False).pieces
-    ]  # fmt: skip
+    out: list[Overlap] = []
+    for di, (off, size) in enumerate(local):
+        for pos, lo, lengths in index.query_clipped(Box(off, size)):
+            si = kept[pos]
+            out.append((di, si, _minus(lo, off), _minus(lo, src_off[si]), lengths))
+    return out
 
 
 @functools.lru_cache(maxsize=1024)
@@ -278,7 +281,7 @@ def _minus(a: tuple[int, ...], b: Any) -> tuple[int, ...]:
 _DIRECT_PAIRS = 64
 
 
-Overlap = tuple[int, int, torch.Size, torch.Size, torch.Size]
+Overlap = tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -288,7 +291,7 @@ def _direct_overlaps(
 ) -> tuple[Overlap, ...]:
     """(local index, saved index, offsets in the local chunk, offsets in the saved chunk,
     lengths) of each non-empty overlap: the layers of a model share their chunkings, so this
-    is worked out once per geometry (torch.Size is immutable: the items may share them)."""
+    is worked out once per geometry (the items share the tuples)."""
     out: list[Overlap] = []
     for di, (d_off, d_size) in enumerate(local):
         d_end = tuple(o + n for o, n in zip(d_off, d_size))
@@ -302,9 +305,9 @@ def _direct_overlaps(
                 (
                     di,
                     si,
-                    torch.Size(_minus(lo, d_off)),
-                    torch.Size(_minus(lo, s_off)),
-                    torch.Size(lengths),
+                    _minus(lo, d_off),
+                    _minus(lo, s_off),
+                    lengths,
                 )
             )
     return tuple(out)

@@ -89,19 +89,25 @@ def sharded_tensor_layout(st: ShardedTensor) -> tuple[Layout, list[torch.Tensor]
     md = st.metadata()
     shape = tuple(md.size)
     fixed = []
+    moved = False
     for s in md.shards_metadata:
-        offs = list(s.shard_offsets)
-        if 0 in s.shard_sizes:
-            offs = [min(o, n - z) for o, n, z in zip(offs, shape, s.shard_sizes)]
-        fixed.append((tuple(s.shard_offsets), tuple(s.shard_sizes), offs, s))
-    clean = ShardedTensorMetadata(
-        shards_metadata=[
-            type(s)(shard_offsets=offs, shard_sizes=list(s.shard_sizes), placement=s.placement)
-            for _, _, offs, s in fixed
-        ],
-        size=md.size,
-        tensor_properties=md.tensor_properties,
-    )
+        raw, sizes = tuple(s.shard_offsets), tuple(s.shard_sizes)
+        offs = raw
+        if 0 in sizes:
+            offs = tuple(min(o, n - z) for o, n, z in zip(raw, shape, sizes))
+            moved = moved or offs != raw
+        fixed.append((raw, sizes, offs, s))
+    clean = md
+    if moved:  # new metadata only then: a ShardMetadata costs microseconds, and tensors of
+        # thousands of shards are common (embedding tables, the 10,000-chunk benchmark)
+        clean = ShardedTensorMetadata(
+            shards_metadata=[
+                type(s)(shard_offsets=list(offs), shard_sizes=list(sizes), placement=s.placement)
+                for _, sizes, offs, s in fixed
+            ],
+            size=md.size,
+            tensor_properties=md.tensor_properties,
+        )
     layout = from_sharded_tensor_metadata(clean)
     # Local shards carry their own metadata; match them to this rank's boxes by it.
     by_meta: dict[tuple[tuple[int, ...], tuple[int, ...]], list[torch.Tensor]] = {}

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given, strategies as st
 
 from shardspec.checkpoint.load_exchange import batches
 
 
+@pytest.mark.rule("CKPT-24")
 def test_batches_cut_in_order_at_the_budget_with_a_heavy_key_alone() -> None:
     weights = [("a", 3), ("b", 5), ("c", 1), ("d", 10), ("e", 2), ("f", 0)]
     assert batches(weights, 8) == [["a", "b"], ["c"], ["d"], ["e", "f"]]
@@ -20,6 +22,7 @@ def test_batches_cut_in_order_at_the_budget_with_a_heavy_key_alone() -> None:
     assert batches([], None) == []
 
 
+@pytest.mark.rule("CKPT-24")
 @given(st.lists(st.integers(0, 50), max_size=30), st.integers(1, 60))
 def test_batches_hold_every_key_once_in_order_within_the_budget(
     sizes: list[int], budget: int

@@ -214,11 +214,13 @@ class _RssPeak:
         return self.peak - self.base
 
 
-def _floor_buffers(path: str, rank: int, world: int) -> list[tuple[str, Any]]:
-    """Rank ``rank``'s share of the files (i mod W == rank), each with a buffer of its size,
-    written once so that its pages exist before the clock starts, as the destination
-    tensors' do."""
-    files = sorted(f for f in os.listdir(path) if f.endswith(".distcp"))
+def _floor_buffers(
+    path: str, rank: int, world: int, suffix: str = ".distcp"
+) -> list[tuple[str, Any]]:
+    """Rank ``rank``'s share of the files ending in ``suffix`` (i mod W == rank), each with a
+    buffer of its size, written once so that its pages exist before the clock starts, as the
+    destination tensors' do."""
+    files = sorted(f for f in os.listdir(path) if f.endswith(suffix))
     out = []
     for f in files[rank::world]:
         full = os.path.join(path, f)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_dcp_load import _read_floor, _RssPeak
+from bench_dcp_load import _floor_buffers, _read_floor, _RssPeak
 
 from shardspec.testing import RankPool
 
@@ -110,16 +110,6 @@ def _digest(sd: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
-def _floor_buffers(path: str, rank: int, world: int) -> list[tuple[str, Any]]:
-    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
-    out = []
-    for f in files[rank::world]:
-        full = os.path.join(path, f)
-        buf = torch.empty(os.path.getsize(full), dtype=torch.uint8).fill_(1)
-        out.append((full, buf.numpy()))
-    return out
-
-
 def load(rank: int, world: int, path: str, variant: str, quick: bool) -> dict[str, Any]:
     """One load (or the floor) of ``variant`` on this rank."""
     import torch.distributed as dist
@@ -129,7 +119,7 @@ def load(rank: int, world: int, path: str, variant: str, quick: bool) -> dict[st
     from shardspec.checkpoint import load as collective_load
 
     sd = _state(world, quick) if variant != "floor" else {}
-    buffers = _floor_buffers(path, rank, world) if variant == "floor" else []
+    buffers = _floor_buffers(path, rank, world, ".safetensors") if variant == "floor" else []
     out: dict[str, Any] = {"bytes": -1, "reads": ""}
     dist.barrier()
     with _RssPeak() as rss:

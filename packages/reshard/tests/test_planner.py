@@ -298,3 +298,46 @@ def test_the_largest_int64_dim_still_plans() -> None:
     n = 2**63 - 1
     p = plan(chunk_layout((n,), 0, [0, 1]), chunk_layout((n,), 0, [1, 0]))
     assert sum(piece.numel for piece in p.pieces) == n
+
+
+@pytest.mark.rule("RESHARD-7")
+@given(valid_layouts(shapes(max_dims=3, max_side=6), max_ranks=4), st.data())
+def test_box_index_answers_many_queries_as_it_answers_each(
+    layout: Layout, data: st.DataObject
+) -> None:
+    boxes = list(dict.fromkeys(s.box for s in layout if not s.box.is_empty))
+    with large_layout_paths():  # a grid index even for a few boxes
+        index = BoxIndex(boxes, layout.shape)
+    queries = []
+    for _ in range(data.draw(st.integers(0, 4))):
+        offs = tuple(data.draw(st.integers(0, n)) for n in layout.shape)
+        sizes = tuple(data.draw(st.integers(0, n - o)) for o, n in zip(offs, layout.shape))
+        queries.append((offs, sizes))
+    many = index.query_clipped_many([o for o, _ in queries], [n for _, n in queries])
+    if many is None:
+        assert index.kind != "grid"
+        return
+    each = [
+        (i, pos, list(lo), list(n))
+        for i, (o, s) in enumerate(queries)
+        for pos, lo, n in index.query_clipped(Box(o, s))
+    ]
+    assert list(zip(*(a.tolist() for a in many))) == each
+    for i, pos, lo, n in each:  # and each piece is the box's intersection with the query
+        common = boxes[pos].intersect(Box(*queries[i]))
+        assert common is not None and (common.offsets, common.sizes) == (tuple(lo), tuple(n))
+
+
+@pytest.mark.rule("RESHARD-7")
+def test_box_index_answers_many_queries_on_a_grid() -> None:
+    # the 5 x 4 cells of 2 x 2 of a (10, 8) grid (more than a scan's few boxes)
+    cells = [Box((r, c), (2, 2)) for r in range(0, 10, 2) for c in range(0, 8, 2)]
+    index = BoxIndex(cells, (10, 8))
+    assert index.kind == "grid"
+    many = index.query_clipped_many([(1, 1), (0, 0), (9, 7)], [(2, 2), (0, 4), (1, 1)])
+    assert many is not None
+    q, pos, lo, n = (a.tolist() for a in many)
+    assert q == [0, 0, 0, 0, 2]  # the empty query meets nothing
+    assert [cells[p] for p in pos] == [cells[0], cells[1], cells[4], cells[5], cells[19]]
+    assert lo == [[1, 1], [1, 2], [2, 1], [2, 2], [9, 7]]
+    assert n == [[1, 1], [1, 1], [1, 1], [1, 1], [1, 1]]

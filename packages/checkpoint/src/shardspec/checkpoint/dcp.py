@@ -255,10 +255,28 @@ def chunk_overlaps(
     index = BoxIndex([src.shards[i].box for i in kept], src.shape)
     src_off = [sh.box.offsets for sh in src.shards]
     out: list[Overlap] = []
+    many = index.query_clipped_many([o for o, _ in local], [n for _, n in local])
+    if many is not None:  # a grid of saved chunks (the common case): all boxes at once
+        import numpy as np
+
+        q, pos, lo, lengths = many
+        si = np.asarray(kept, dtype=np.int64)[pos]
+        nd = len(src.shape)
+        local_off = np.asarray([o for o, _ in local], dtype=np.int64).reshape(-1, nd)
+        saved_off = np.asarray(src_off, dtype=np.int64).reshape(-1, nd)
+        return list(
+            zip(
+                q.tolist(),
+                si.tolist(),
+                map(tuple, (lo - local_off[q]).tolist()),
+                map(tuple, (lo - saved_off[si]).tolist()),
+                map(tuple, lengths.tolist()),
+            )
+        )
     for di, (off, size) in enumerate(local):
-        for pos, lo, lengths in index.query_clipped(Box(off, size)):
+        for pos, lo_, sizes in index.query_clipped(Box(off, size)):
             si = kept[pos]
-            out.append((di, si, _minus(lo, off), _minus(lo, src_off[si]), lengths))
+            out.append((di, si, _minus(lo_, off), _minus(lo_, src_off[si]), sizes))
     return out
 
 
@@ -272,7 +290,7 @@ def _valid_geometry(
     return verdict if isinstance(verdict, Layout) else None
 
 
-def _minus(a: tuple[int, ...], b: Any) -> tuple[int, ...]:
+def _minus(a: Sequence[int], b: Any) -> tuple[int, ...]:
     return tuple(x - y for x, y in zip(a, b))
 
 

@@ -91,6 +91,50 @@ class BoxIndex:
                 out.append((i, common.offsets, common.sizes))
         return out
 
+    def query_clipped_many(
+        self, offsets: Sequence[Sequence[int]], sizes: Sequence[Sequence[int]]
+    ) -> tuple[Any, Any, Any, Any] | None:
+        """:meth:`query_clipped` of every box ``offsets[i]`` + ``sizes[i]`` at once, as int64
+        arrays: query (k,), position (k,), offsets (k, ndim), sizes (k, ndim), in query order,
+        each query's pieces in :meth:`query_clipped`'s order; None when the index is no grid
+        (ask per box). A grid answers in a few NumPy passes what thousands of queries cost in
+        Python."""
+        if self._grid is None or not self._ndim:
+            return None
+        import numpy as np
+
+        starts, stops, cells = self._grid
+        nd, m = self._ndim, len(offsets)
+        lo = np.asarray(offsets, dtype=np.int64).reshape(m, nd)
+        hi = lo + np.asarray(sizes, dtype=np.int64).reshape(m, nd)
+        first = np.empty((m, nd), dtype=np.int64)
+        count = np.empty((m, nd), dtype=np.int64)
+        cut_starts, cut_stops = [], []
+        for d in range(nd):
+            st, sp = np.asarray(starts[d], np.int64), np.asarray(stops[d], np.int64)
+            cut_starts.append(st)
+            cut_stops.append(sp)
+            # the cells that end after lo and start before hi, as _clipped_grid's bisects
+            first[:, d] = np.searchsorted(sp, lo[:, d], side="right")
+            count[:, d] = np.searchsorted(st, hi[:, d], side="left") - first[:, d]
+        count[(hi <= lo).any(axis=1)] = 0  # an empty query meets nothing
+        per = np.clip(count, 0, None).prod(axis=1)
+        query = np.repeat(np.arange(m, dtype=np.int64), per)
+        k = np.arange(int(per.sum()), dtype=np.int64) - np.repeat(np.cumsum(per) - per, per)
+        cell = np.empty((len(query), nd), dtype=np.int64)
+        for d in reversed(range(nd)):  # C order, as itertools.product walks the cells
+            c = count[query, d]
+            cell[:, d] = first[query, d] + k % c
+            k //= c
+        out_lo = np.empty_like(cell)
+        out_n = np.empty_like(cell)
+        for d in range(nd):
+            a = np.maximum(cut_starts[d][cell[:, d]], lo[query, d])
+            out_lo[:, d] = a
+            out_n[:, d] = np.minimum(cut_stops[d][cell[:, d]], hi[query, d]) - a
+        ids = cells[tuple(cell[:, d] for d in range(nd))]
+        return query, np.asarray(ids, dtype=np.int64).reshape(-1), out_lo, out_n
+
     def query(self, q: Box) -> list[int]:
         """Positions of the indexed boxes that share at least one element with ``q``."""
         if q.is_empty or not self._boxes:

@@ -48,10 +48,16 @@ class Context:
     backend: str
     device_type: str = "cpu"
     group: Any = None
-    # keyed by (shape, rank order, flattened); operations may add keys of their own
+    # keyed by (shape, rank order, flattened), the most recently used last; operations may add
+    # keys of their own. At most MESHES_KEPT built by ``mesh``: the others' groups are released.
     meshes: dict[Any, Any] = field(default_factory=dict)
     # what operations build once per process group (subgroups, say): gone with the context
     cache: dict[str, Any] = field(default_factory=dict)
+    # the groups each mesh of ``meshes`` built (a flattened dim's too, which the mesh does not
+    # list among its own)
+    mesh_groups: dict[Any, list[Any]] = field(default_factory=dict)
+
+    MESHES_KEPT = 8  # a mesh costs a few gloo threads a group; rebuilding one costs milliseconds
 
     @property
     def device(self) -> torch.device:
@@ -74,17 +80,38 @@ class Context:
         DTensor's redistribute down its one-collective paths."""
         ranks = tuple(order) if order is not None else tuple(range(self.world))
         key = (shape, ranks, flatten)
-        mesh = self.meshes.get(key)
+        mesh = self.meshes.pop(key, None)
         if mesh is None:
             from torch.distributed.device_mesh import DeviceMesh
 
+            from .groups import live_groups
+
+            before = set(live_groups())
             ids = torch.tensor(ranks).reshape(shape)
             names = tuple(f"d{i}" for i in range(len(shape))) if flatten else None
             mesh = DeviceMesh(self.device.type, ids, mesh_dim_names=names)
             if flatten and len(shape) > 1:
                 mesh._flatten()
-            self.meshes[key] = mesh
+            self.mesh_groups[key] = [pg for pg in live_groups() if pg not in before]
+            built = [k for k in self.meshes if k in self.mesh_groups]
+            # the least recently used of the meshes built here goes (operations' own keys
+            # stay); its groups go at the next release_groups
+            for oldest in built[: max(0, len(built) + 1 - self.MESHES_KEPT)]:
+                del self.meshes[oldest]
+                del self.mesh_groups[oldest]
+        self.meshes[key] = mesh
         return mesh
+
+    def held_groups(self) -> set[Any]:
+        """The groups this context keeps between calls: its meshes' and its cache's."""
+        from .groups import groups_in
+
+        held = groups_in(self.cache) | groups_in(list(self.meshes.values()))
+        for groups in self.mesh_groups.values():
+            held.update(groups)
+        if self.group is not None:
+            held.add(self.group)
+        return held
 
 
 @dataclass

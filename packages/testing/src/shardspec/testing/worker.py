@@ -109,8 +109,13 @@ def serve(sock: socket.socket, ctx: Any) -> None:
 
 def answer(sock: socket.socket, ctx: Any, header: dict[str, Any], bufs: list[bytearray]) -> bool:
     """Run a ``call`` or ``run`` frame and send the reply; False once the driver is gone."""
+    from .groups import release_groups
     from .protocol import send_frame
 
+    if ctx is not None:
+        # what the last call built and nothing keeps (every rank answered it before this
+        # frame was sent, so none is still inside one of these groups)
+        release_groups(ctx.held_groups())
     if ctx is None:
         reply: Any = {"ok": False, "phase": "decode", "error": "this rank is in no world"}
         out: list[bytes] = []

@@ -225,6 +225,8 @@ def test_flatten_cases_leave_a_rank_with_nothing_local() -> None:
         strat,
         lambda c: c["mesh"][0] > 1 and c["mesh"][1] > 1 and c["tp_dim"] > 0,
         "a 2-D mesh with TP on a dim other than 0",
+        # about 1 draw in 20 (93 of 2,000 counted): 300 tries missed it once in a CI run
+        settings(FIND, max_examples=1000),
     )
     reaches(
         strat,

@@ -3,6 +3,7 @@ differential tests against torch's own builders and checks."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, strategies as st
@@ -327,3 +328,73 @@ def test_unknown_attribute_is_an_attribute_error() -> None:
 
     with pytest.raises(AttributeError, match="no attribute 'to_nothing'"):
         m.to_nothing  # noqa: B018
+
+
+def _both_ways(mds: list, shape: tuple[int, ...], validate: bool) -> tuple[object, object]:
+    """(the per-shard loop's outcome, the all-at-once path's): a layout or the error raised."""
+    from shardspec.metadata import shard_metadata as module
+
+    outcomes = []
+    loop = module.COLUMNS_FROM
+    try:
+        for threshold in (10**9, 0):
+            module.COLUMNS_FROM = threshold
+            try:
+                outcomes.append(from_shard_metadata(mds, shape, validate=validate))
+            except (ConversionError, LayoutError) as e:
+                outcomes.append(e)
+    finally:
+        module.COLUMNS_FROM = loop
+    return outcomes[0], outcomes[1]
+
+
+@pytest.mark.rule("CONVERT-1")
+@given(any_layouts, st.data())
+def test_many_shard_metadata_at_once_give_the_loops_outcome(layout: Layout, data) -> None:  # type: ignore[no-untyped-def]
+    # Thousands of ShardMetadata (a destination ShardedTensor of a checkpoint load) are checked
+    # with NumPy all at once; the per-shard loop is the reference: the same shards in the same
+    # order, or the same error, for valid lists and for one defect at a drawn shard.
+    mds = to_shard_metadata(layout)
+    if not mds:
+        return
+    k = data.draw(st.integers(0, len(mds) - 1))
+    md = mds[k]
+    o, z = list(md.shard_offsets), list(md.shard_sizes)
+    defect = data.draw(
+        st.sampled_from(["none", "no rank", "ndim", "past end", "bool", "numpy", "overlap"])
+    )
+    if defect == "no rank":
+        mds[k] = ShardMetadata(o, z, "cpu")
+    elif defect == "ndim":
+        mds[k] = ShardMetadata([*o, 0], [*z, 1], md.placement)
+    elif defect == "past end" and o:
+        mds[k] = ShardMetadata([o[0] + 1, *o[1:]], z, md.placement)
+    elif defect == "bool" and o and o[0] in (0, 1):
+        mds[k] = ShardMetadata([bool(o[0]), *o[1:]], z, md.placement)
+    elif defect == "numpy" and o:
+        mds[k] = ShardMetadata([np.int64(o[0]), *o[1:]], z, md.placement)
+    elif defect == "overlap":
+        mds.append(ShardMetadata(o, z, f"rank:{md.placement.rank() + 1}/cpu"))
+    validate = data.draw(st.booleans())
+    slow, fast = _both_ways(mds, layout.shape, validate)
+    assert type(slow) is type(fast)
+    if isinstance(slow, Layout):
+        assert isinstance(fast, Layout)
+        assert fast.shape == slow.shape and fast.shards == slow.shards
+    else:
+        assert str(fast) == str(slow)
+
+
+@pytest.mark.rule("CONVERT-1")
+def test_many_shard_metadata_hand_worked() -> None:
+    # 100 rows of a (100, 2) tensor on ranks 99..0; then row 40's shard runs one row past the
+    # end of the tensor, which is named with its index and rank.
+    mds = [ShardMetadata([i, 0], [1, 2], f"rank:{99 - i}/cpu") for i in range(100)]
+    layout = from_shard_metadata(mds, (100, 2))
+    assert [(s.box.offsets, s.box.sizes, s.rank) for s in layout.shards] == [
+        ((i, 0), (1, 2), 99 - i) for i in range(100)
+    ]
+    assert layout.validate() is layout
+    mds[99] = ShardMetadata([99, 0], [2, 2], "rank:0/cpu")
+    with pytest.raises(ConversionError, match=r"#99 on rank 0: .* ends at 101 in dim 0"):
+        from_shard_metadata(mds, (100, 2), validate=False)

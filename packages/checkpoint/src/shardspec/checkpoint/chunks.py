@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardspec.metadata.box import Box
+from shardspec.metadata.columns import COLUMNS_FROM, plain_columns
 from shardspec.metadata.errors import LayoutError
 from shardspec.metadata.layout import Layout, Shard
 
@@ -101,6 +102,13 @@ def chunk_verdict(
             raise ValueError(f"negative size in {shape_t}")
     except (TypeError, ValueError) as e:
         return ChunkError(fqn, f"bad shape {shape!r}: {e}", kind="value")
+    if len(chunks) >= COLUMNS_FROM:
+        fast = _plain_chunks(shape_t, chunks)
+        if fast is not None:
+            try:
+                return fast.validate()
+            except LayoutError as e:
+                return _explain(fqn, fast, e)
     shards: list[Shard] = []
     first_of: dict[Box, int] = {}
     at_offset: dict[tuple[int, ...], int] = {}
@@ -135,6 +143,23 @@ def chunk_verdict(
     except LayoutError as e:
         return _explain(fqn, layout, e)
     return layout
+
+
+def _plain_chunks(shape: tuple[int, ...], chunks: Sequence[ChunkBounds]) -> Layout | None:
+    """Many chunks checked at once: plain boxes inside the shape, no two at one offset.
+    None when any is not, for the per-chunk loop to say which (the same box twice, or only
+    empty chunks sharing an offset, which the loop allows)."""
+    try:
+        offsets = [tuple(o) for o, _ in chunks]
+        sizes = [tuple(z) for _, z in chunks]
+    except (TypeError, ValueError):
+        return None
+    columns = plain_columns(offsets, sizes, range(len(offsets)), shape)
+    if columns is None:
+        return None
+    if len(set(offsets)) != len(offsets):
+        return None
+    return Layout._from_plain(shape, offsets, sizes, columns)
 
 
 def storable(layout: Layout) -> Layout:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import chain
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from .shard import Shard
 
-__all__ = ["COLUMNS_FROM", "INT_LIMIT", "Columns", "shard_columns"]
+__all__ = ["COLUMNS_FROM", "INT_LIMIT", "Columns", "plain_columns", "shard_columns"]
 
 # Below this many shards the pure-Python checks beat NumPy's per-call overhead (measured by
 # bench_validate.py); above it the layout keeps columns.
@@ -67,3 +67,45 @@ def shard_columns(shards: Sequence[Shard], ndim: int) -> Columns | None:
         return None
     by_dim = rows.T.copy()  # per-dim rows are contiguous: every later pass is per dim
     return Columns(by_dim[:ndim], by_dim[ndim : 2 * ndim], by_dim[2 * ndim])
+
+
+def plain_columns(
+    offsets: Sequence[tuple[Any, ...]],
+    sizes: Sequence[tuple[Any, ...]],
+    ranks: Sequence[Any],
+    shape: tuple[int, ...],
+) -> Columns | None:
+    """Columns of m boxes given as rows, when every box is one a Layout takes unchecked: ``ndim``
+    values a row, plain Python ints from 0 to :data:`INT_LIMIT`, each box inside ``shape``, each
+    rank a plain int from 0; else None, and the caller's per-box checks say what is wrong.
+
+    What converters of thousands of upstream boxes (``ShardMetadata``, DCP chunks) check at
+    once instead of box by box."""
+    import numpy as np
+
+    m, ndim = len(offsets), len(shape)
+    if len(sizes) != m or len(ranks) != m:
+        return None
+    if m == 0 or {*map(len, offsets), *map(len, sizes)} != {ndim}:
+        return None
+    if {*map(type, chain.from_iterable(offsets)), *map(type, chain.from_iterable(sizes))} - {
+        int
+    } or set(map(type, ranks)) != {int}:
+        return None  # bools, floats, numpy scalars: the per-box checks refuse or convert them
+    try:
+        offs = np.array(offsets, dtype=np.int64).reshape(m, ndim).T.copy()
+        szs = np.array(sizes, dtype=np.int64).reshape(m, ndim).T.copy()
+        rks = np.array(ranks, dtype=np.int64)
+    except OverflowError:
+        return None
+    if ndim and (
+        int(offs.min()) < 0
+        or int(szs.min()) < 0
+        or int(offs.max()) > INT_LIMIT
+        or int(szs.max()) > INT_LIMIT
+        or bool((offs + szs > np.array(shape, dtype=np.int64)[:, None]).any())
+    ):
+        return None
+    if int(rks.min()) < 0 or int(rks.max()) > INT_LIMIT:
+        return None
+    return Columns(offs, szs, rks)

@@ -72,6 +72,26 @@ class Layout:
         full = Box.full(as_index_tuple(shape, "Layout shape"))
         return cls(shape, (Shard(full, r) for r in as_index_tuple(ranks, "ranks")))
 
+    @classmethod
+    def _from_plain(
+        cls,
+        shape: tuple[int, ...],
+        offsets: Sequence[tuple[int, ...]],
+        sizes: Sequence[tuple[int, ...]],
+        columns: Columns,
+    ) -> Layout:
+        """The layout of the rows ``columns`` was made of by :func:`.columns.plain_columns`
+        (which checked them all): the boxes are built unchecked."""
+        layout = object.__new__(cls)
+        object.__setattr__(layout, "shape", shape)
+        ranks = columns.ranks.tolist()
+        shards = tuple(map(Shard._trusted, map(Box._trusted, offsets, sizes), ranks))
+        object.__setattr__(layout, "shards", shards)
+        object.__setattr__(layout, "_columns", columns if len(shards) >= COLUMNS_FROM else None)
+        object.__setattr__(layout, "_counter", None)
+        object.__setattr__(layout, "_by_rank", None)
+        return layout
+
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Layout is immutable")
 

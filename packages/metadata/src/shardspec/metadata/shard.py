@@ -34,6 +34,15 @@ class Shard:
         _set_box(self, box)
         _set_rank(self, rank)
 
+    @classmethod
+    def _trusted(cls, box: Box, rank: int) -> Shard:
+        # For callers that checked every box and rank already, by the thousand at once
+        # (plain_columns): the checks above cost more than building the shard.
+        s = object.__new__(cls)
+        _set_box(s, box)
+        _set_rank(s, rank)
+        return s
+
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Shard is immutable")
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .box import Box, as_index_tuple
 from .chunk import chunk_layout
+from .columns import COLUMNS_FROM, plain_columns
 from .errors import ConversionError
 from .infer import chunk_spec_of
 from .layout import Layout, Shard, require_layout
@@ -72,6 +73,10 @@ def from_shard_metadata(
         raise ConversionError(
             f"from_shard_metadata takes a list of ShardMetadata, got {type(shards).__name__}"
         ) from None
+    if len(items) >= COLUMNS_FROM:
+        fast = _plain_layout(items, shp)
+        if fast is not None:
+            return fast.validate() if validate else fast
     out: list[Shard] = []
     for i, md in enumerate(items):
         if not all(hasattr(md, a) for a in ("shard_offsets", "shard_sizes", "placement")):
@@ -227,6 +232,19 @@ def to_sharding_spec(
 def _placement(rank: int, device: Device) -> str:
     dev = device(rank) if callable(device) else device
     return f"rank:{rank}/{dev}"
+
+
+def _plain_layout(items: list[Any], shape: tuple[int, ...]) -> Layout | None:
+    """The layout of many ``ShardMetadata`` checked all at once (plain_columns), or None for
+    the per-shard loop to convert them or say which one is wrong."""
+    try:
+        offsets = [tuple(md.shard_offsets) for md in items]
+        sizes = [tuple(md.shard_sizes) for md in items]
+        ranks = [md.placement.rank() for md in items]
+    except (AttributeError, TypeError):
+        return None
+    columns = plain_columns(offsets, sizes, ranks, shape)
+    return None if columns is None else Layout._from_plain(shape, offsets, sizes, columns)
 
 
 def _rank_of(placement: Any, index: int) -> int:

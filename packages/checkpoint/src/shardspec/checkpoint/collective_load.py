@@ -553,41 +553,36 @@ def _read_own(
 
 class _SmallEntries:
     """Where each saved chunk of the load's tensors lies, when :mod:`.chunk_spans` can read it
-    (a small plain DCP chunk): one pass over the storage metadata, which a lookup per chunk
-    (a ``MetadataIndex`` made and hashed, the entry's fields read) costs ten times over for
-    thousands of chunks."""
+    (a small plain DCP chunk). The storage entries are filed by (key, offset) in one pass: a
+    lookup per chunk (a ``MetadataIndex`` made and hashed) costs several times that for
+    thousands of chunks, and only the chunks this rank reads are looked at further."""
 
     def __init__(self, reader: Any, targets: Sequence[Target]) -> None:
-        from .chunk_spans import small_entry
-
         keys = {t.key for t in targets}
-        base = str(reader.path)
-        files: dict[str, str] = {}
-        self._at: dict[tuple[str, tuple[int, ...]], tuple[Any, str, int, int] | None] = {}
-        for index, info in reader.storage_data.items():
-            if index.fqn not in keys:
-                continue
-            found = None
-            if small_entry(info):
-                rel = info.relative_path
-                where = files.get(rel)
-                if where is None:
-                    where = files[rel] = os.path.join(base, rel)
-                found = (index, where, int(info.offset), int(info.length))
-            self._at[(index.fqn, tuple(index.offset or ()))] = found
+        self._base = str(reader.path)
+        self._files: dict[str, str] = {}
+        self._at: dict[tuple[str, tuple[int, ...]], tuple[Any, Any]] = {
+            (index.fqn, tuple(index.offset or ())): (index, info)
+            for index, info in reader.storage_data.items()
+            if index.fqn in keys
+        }
 
     def chunk(self, t: Target, si: int, pieces: list[Any]) -> Any:
         """Saved chunk ``si`` of ``t`` filling ``pieces``, as :mod:`.chunk_spans` reads it, or
         None when it cannot (or the metadata has no storage entry for it)."""
-        from .chunk_spans import SmallChunk
+        from .chunk_spans import SmallChunk, small_entry
 
         c = t.saved.chunks[si]
         found = self._at.get((t.key, tuple(c.offsets)))
-        if found is None:
+        if found is None or not small_entry(found[1]):
             return None
-        index, where, offset, length = found
-        return SmallChunk(index, where, offset, length, t.saved.properties.dtype,
-                          tuple(c.sizes), pieces)  # fmt: skip
+        index, info = found
+        rel = info.relative_path
+        where = self._files.get(rel)
+        if where is None:
+            where = self._files[rel] = os.path.join(self._base, rel)
+        return SmallChunk(index, where, int(info.offset), int(info.length),
+                          t.saved.properties.dtype, tuple(c.sizes), pieces)  # fmt: skip
 
 
 def _small_chunks(entries: _SmallEntries, t: Target, boxes: Sequence[Box]) -> list[Any] | None:

@@ -93,9 +93,10 @@ def plain_columns(
     } or set(map(type, ranks)) != {int}:
         return None  # bools, floats, numpy scalars: the per-box checks refuse or convert them
     try:
-        offs = np.array(offsets, dtype=np.int64).reshape(m, ndim).T.copy()
-        szs = np.array(sizes, dtype=np.int64).reshape(m, ndim).T.copy()
-        rks = np.array(ranks, dtype=np.int64)
+        count = m * ndim
+        offs = np.fromiter(chain.from_iterable(offsets), np.int64, count).reshape(m, ndim).T.copy()
+        szs = np.fromiter(chain.from_iterable(sizes), np.int64, count).reshape(m, ndim).T.copy()
+        rks = np.fromiter(ranks, np.int64, m)
     except OverflowError:
         return None
     if ndim and (

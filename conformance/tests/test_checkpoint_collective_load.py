@@ -16,12 +16,13 @@ import re
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import example, given, settings, strategies as st
 
 from conformance import reference
 from conformance.assertions import assert_equal, assert_tensor_bitwise
 from conformance.cases import case
-from conformance.codec import layout_from_json
+from conformance.codec import layout_from_json, layout_to_json
 from conformance.impls import Impl
 from shardspec.metadata import Box, Layout, Shard
 from shardspec.testing.devices import simulated_worlds
@@ -112,6 +113,29 @@ REPLICATED_AUTO = {
     "damage": None,
 }
 
+# 80 row chunks saved on 2 ranks, loaded into a ShardedTensor of 79 shards shifted by a row on
+# 3 (the first holds two rows): past 64 boxes the saved chunks and the destination's
+# ShardedTensorMetadata are checked with NumPy all at once (CKPT-1, CONVERT-1), and every rank
+# reads pieces of two saved chunks.
+MANY_CHUNKS = {
+    "save_world": 2,
+    "load_world": 3,
+    "saved": Layout((80, 2), [Shard(Box((i, 0), (1, 2)), i % 2) for i in range(80)]),
+    "load": {
+        "kind": "sharded",
+        "layout": layout_to_json(
+            Layout(
+                (80, 2),
+                [Shard(Box((0, 0), (2, 2)), 0)]
+                + [Shard(Box((i, 0), (1, 2)), i % 3) for i in range(2, 80)],
+            )
+        ),
+    },
+    "tensor": torch.arange(160, dtype=torch.int32).reshape(80, 2),
+    "reads": "auto",
+    "damage": None,
+}
+
 
 def _examples(test: Any) -> Any:
     """The explicit examples, on pools of 2 to 4 ranks; on simulated worlds
@@ -120,7 +144,13 @@ def _examples(test: Any) -> Any:
     if simulated_worlds():
         w = min(simulated_worlds())
         return example({**TRUNCATED_ONCE, "save_world": w, "load_world": w})(test)
-    for ex in (REPLICATED_AUTO, ROWS_TO_COLUMNS_OWN, TRUNCATED_ONCE, ROWS_TO_PLAIN_ONCE):
+    for ex in (
+        REPLICATED_AUTO,
+        ROWS_TO_COLUMNS_OWN,
+        TRUNCATED_ONCE,
+        ROWS_TO_PLAIN_ONCE,
+        MANY_CHUNKS,
+    ):
         test = example(ex)(test)
     return test
 

@@ -24,17 +24,15 @@ __all__ = ["groups_in", "live_groups", "release_groups"]
 
 def live_groups() -> list[Any]:
     """This process's groups other than the default one, oldest first."""
-    if not dist.is_initialized():
-        return []
     world = dist.distributed_c10d._world
-    default = dist.distributed_c10d._get_default_group()
+    default = dist.distributed_c10d.GroupMember.WORLD  # None before init_process_group
     names = world.pg_names
     return sorted((pg for pg in world.pg_map if pg is not default), key=lambda pg: names[pg])
 
 
 def groups_in(obj: Any) -> set[Any]:
     """The process groups ``obj`` holds: a group, a DeviceMesh's dim groups, or those of the
-    values of a list, tuple, set or dict (nested)."""
+    values of a list, tuple, set or dict (nested); none for anything else (None, say)."""
     from torch.distributed.device_mesh import DeviceMesh
 
     if isinstance(obj, dist.ProcessGroup):

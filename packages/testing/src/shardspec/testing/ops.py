@@ -106,12 +106,7 @@ class Context:
         """The groups this context keeps between calls: its meshes' and its cache's."""
         from .groups import groups_in
 
-        held = groups_in(self.cache) | groups_in(list(self.meshes.values()))
-        for groups in self.mesh_groups.values():
-            held.update(groups)
-        if self.group is not None:
-            held.add(self.group)
-        return held
+        return groups_in([self.cache, list(self.meshes.values()), self.mesh_groups, self.group])
 
 
 @dataclass

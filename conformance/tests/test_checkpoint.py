@@ -57,6 +57,15 @@ TWICE = Layout((4,), [Shard(Box((0,), (4,)), 0), Shard(Box((0,), (4,)), 1)])
 BURIED_EMPTY = Layout((4,), [Shard(Box((0,), (4,)), 0), Shard(Box((2,), (0,)), 1)])
 GAP = Layout((4, 2), [Shard(Box((0, 0), (3, 2)), 0)])
 EMPTY_AT_START = Layout((4,), [Shard(Box((0,), (0,)), 0), Shard(Box((0,), (4,)), 1)])
+# Past 64 chunks the check runs all at once, and hands what it cannot judge so to the
+# per-chunk loop: 70 rows with the last one running a row past the end; with an empty chunk at
+# a full one's offset; with two empty chunks at one offset (valid: DCP files them as one).
+ROWS_70 = [Shard(Box((i, 0), (1, 2)), i) for i in range(70)]
+MANY_PAST_END = Layout((70, 2), [*ROWS_70[:69], Shard(Box((69, 0), (2, 2)), 69)])
+MANY_SHADOWED = Layout((70, 2), [*ROWS_70, Shard(Box((35, 0), (0, 2)), 70)])
+MANY_EMPTY_TWICE = Layout(
+    (70, 2), [*ROWS_70, Shard(Box((70, 0), (0, 2)), 70), Shard(Box((70, 0), (0, 2)), 71)]
+)
 
 
 @pytest.mark.rule("CKPT-1")
@@ -72,6 +81,9 @@ EMPTY_AT_START = Layout((4,), [Shard(Box((0,), (0,)), 0), Shard(Box((0,), (4,)),
 @example(BURIED_EMPTY)
 @example(GAP)
 @example(EMPTY_AT_START)
+@example(MANY_PAST_END)
+@example(MANY_SHADOWED)
+@example(MANY_EMPTY_TWICE)
 def test_saved_chunks_are_accepted_exactly_when_valid(impl: Impl, layout: Layout) -> None:
     boxes = [s.box for s in layout.shards]
     with case():

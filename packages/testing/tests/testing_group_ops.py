@@ -61,3 +61,26 @@ def cached_op(ctx: Context, args: dict[str, Any], tensors: list[torch.Tensor]) -
     t = torch.tensor([float(ctx.rank + 1)])
     dist.all_reduce(t, group=group)
     return {"group_id": id(group), "sum": t.item()}, []
+
+
+_CACHED: dict[str, Any] = {}
+
+
+def cached_in_module(rank: int, world: int) -> list[float]:
+    """A group and a DeviceMesh a library keeps in a module global across calls (TorchRec
+    keeps its intra- and cross-node groups so): both still work on every later call."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not _CACHED:
+        _CACHED["group"] = dist.new_group(list(range(world)))
+        _CACHED["mesh"] = init_device_mesh("cpu", (1, world), mesh_dim_names=("a", "b"))
+        _CACHED["mesh"]._flatten()
+    sums = []
+    # get_rank asks torch's registry, as TorchRec's collectives do: a destroyed group is not
+    # in it (a collective on one may still go through)
+    for group in (_CACHED["group"], _CACHED["mesh"].get_group("a"), _CACHED["mesh"]["a_b"]):
+        group = group.get_group() if hasattr(group, "get_group") else group
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t, group=group)
+        sums.append(t.item() + 10 * dist.get_rank(group))
+    return sums

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import gc
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch.distributed as dist
@@ -61,12 +61,17 @@ def groups_in(obj: Any) -> set[Any]:
     return found
 
 
-def release_groups(keep: Iterable[Any]) -> int:
+def release_groups(keep: Callable[[], Iterable[Any]]) -> int:
     """Destroy every group of this process that nothing holds (the module), newest first,
-    once more than :data:`RELEASE_ABOVE` of them may have piled up; returns how many."""
+    once more than :data:`RELEASE_ABOVE` of them may have piled up; returns how many.
+    ``keep`` gives the groups the caller holds, asked only then (it runs on every frame)."""
     global _in_use_last
-    kept = set(keep)
-    unheld = [pg for pg in live_groups() if pg not in kept]
+    live = live_groups()
+    if len(live) <= _in_use_last + RELEASE_ABOVE:
+        return 0
+    kept = set(keep())
+    unheld = [pg for pg in live if pg not in kept]
+    del live  # its references would count as someone else's in _held_by_references
     if len(unheld) <= _in_use_last + RELEASE_ABOVE:
         return 0
     in_use = _held_by_meshes(unheld) | _held_by_references(unheld)

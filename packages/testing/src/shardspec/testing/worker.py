@@ -115,7 +115,7 @@ def answer(sock: socket.socket, ctx: Any, header: dict[str, Any], bufs: list[byt
     if ctx is not None:
         # what the last call built and nothing keeps (every rank answered it before this
         # frame was sent, so none is still inside one of these groups)
-        release_groups(ctx.held_groups())
+        release_groups(ctx.held_groups)
     if ctx is None:
         reply: Any = {"ok": False, "phase": "decode", "error": "this rank is in no world"}
         out: list[bytes] = []

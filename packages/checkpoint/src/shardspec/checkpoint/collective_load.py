@@ -11,15 +11,16 @@ the group:
 2. Each rank derives, from the metadata and the state dict, every tensor's destination layout
    (a DTensor's placements and a ShardedTensor's metadata give every rank's boxes; a plain
    tensor is wanted whole on every rank) and the same read plan (:mod:`.load_reads`). One
-   all-gather agrees on a digest of it and on every rank's verdict: a key, shape or dtype
-   mismatch, a bad chunk list, anything, raises the same :class:`LoadError` on every rank
-   before a byte of data is read. No plan is gathered or scattered.
+   agreement (a gather to rank 0 and its broadcast verdict) settles a digest of it and every
+   rank's own checks: a key, shape or dtype mismatch, a bad chunk list, anything, raises the
+   same :class:`LoadError` on every rank before a byte of data is read. No plan is gathered
+   or scattered.
 3. ``reads="own"``: each rank reads exactly the saved bytes its own destinations hold, per file
    in offset order (:class:`~shardspec.checkpoint.dcp_reader.FileSystemReader`).
    ``reads="once"``: each saved chunk some rank needs is read by one rank, whole or in row
    runs (CKPT-24), and :func:`shardspec.reshard.reshard_state_dict` delivers the runs to the
    destinations. ``reads="auto"`` picks by CKPT-25.
-4. One more all-gather agrees on every rank's read verdict: a missing or truncated file, or
+4. One more agreement settles every rank's read outcome: a missing or truncated file, or
    bytes that do not match the metadata, raise the same :class:`LoadError` on every rank,
    naming the file, the tensor and the chunk (CKPT-26); no rank returns while another failed.
 
@@ -58,6 +59,9 @@ READS = ("auto", "own", "once")
 # rank receives W records, so at 1,024 ranks each byte here is a KiB per rank and agreement.
 _MSG = 480
 _DIGEST = 32
+# The metadata's first broadcast: its head (kind, length, failed) and the first bytes.
+_FIRST = 64 << 10
+_HEAD = 17
 
 
 class LoadError(RuntimeError):
@@ -265,15 +269,24 @@ def _shared_metadata(
         except Exception as e:
             failed, blob = True, f"{type(e).__name__}: {e}".encode("utf-8", "replace")
     src = dist.get_global_rank(group, 0) if group is not None else 0
-    head = torch.tensor([kind, len(blob), int(failed)], dtype=torch.int64, device=comm)
-    dist.broadcast(head, src, group=group)
-    kind, n, bad = (int(x) for x in head.tolist())
-    failed = bool(bad)
-    data = torch.empty(n, dtype=torch.uint8, device=comm)
+    # One broadcast of a fixed size carries the head and a small checkpoint's whole metadata;
+    # only what does not fit takes a second one (each costs ~2 ms on 8 gloo ranks, 2 cores).
+    first = torch.zeros(_FIRST, dtype=torch.uint8, device=comm)
     if rank == 0:
-        data.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
-    dist.broadcast(data, src, group=group)
-    raw = bytes(data.cpu().numpy().tobytes())
+        head = kind.to_bytes(8, "little") + len(blob).to_bytes(8, "little")
+        part = head + bytes([failed]) + blob[: _FIRST - _HEAD]
+        first[: len(part)].copy_(torch.frombuffer(bytearray(part), dtype=torch.uint8))
+    dist.broadcast(first, src, group=group)
+    got = bytes(first.cpu().numpy().tobytes())
+    kind, n = int.from_bytes(got[:8], "little"), int.from_bytes(got[8:16], "little")
+    failed = bool(got[16])
+    raw = got[_HEAD : _HEAD + n]
+    if n > _FIRST - _HEAD:
+        rest = torch.empty(n - (_FIRST - _HEAD), dtype=torch.uint8, device=comm)
+        if rank == 0:
+            rest.copy_(torch.frombuffer(bytearray(blob[_FIRST - _HEAD :]), dtype=torch.uint8))
+        dist.broadcast(rest, src, group=group)
+        raw += bytes(rest.cpu().numpy().tobytes())
     if failed:
         raise LoadError(
             f"load of {path}: rank 0 could not read the checkpoint's metadata: "
@@ -438,33 +451,38 @@ def _agree(
     consequence: str,
 ) -> None:
     """Raise the same LoadError on every rank when any rank failed or the digests differ."""
-    from shardspec.reshard.agreement import all_gather_bytes, shared_problems
+    from shardspec.reshard.agreement import Verdict, decide_at_root, shared_problems
     from shardspec.reshard.errors import rank_ranges
+
+    def rule(records: list[bytes]) -> Verdict:
+        problems = {}
+        for r, rec in enumerate(records):
+            if rec[_DIGEST]:
+                n = int.from_bytes(rec[_DIGEST + 1 : _DIGEST + 5], "little")
+                problems[r] = rec[_DIGEST + 5 : _DIGEST + 5 + n].decode("utf-8", "replace")
+        if problems:
+            return Verdict(
+                f"load failed, {consequence}; every rank raised this error: "
+                + shared_problems(problems)
+            )
+        sides: dict[bytes, list[int]] = {}
+        for r, rec in enumerate(records):
+            sides.setdefault(rec[:_DIGEST], []).append(r)
+        if len(sides) > 1:
+            text = " vs ".join(rank_ranges(r) for r in sides.values())
+            return Verdict(
+                f"load failed, {consequence}: the ranks disagree on the keys, the destination "
+                f"layouts or the options ({text}); every rank must pass the same keys, with "
+                "DTensors on the same mesh and placements"
+            )
+        return Verdict(None)
 
     msg = (error or "").encode("utf-8", "replace")[:_MSG]
     record = digest.ljust(_DIGEST, b"\0") + bytes([error is not None])
     record += len(msg).to_bytes(4, "little") + msg.ljust(_MSG, b"\0")
-    records = all_gather_bytes(record, group, comm)
-    problems = {}
-    for r, rec in enumerate(records):
-        if rec[_DIGEST]:
-            n = int.from_bytes(rec[_DIGEST + 1 : _DIGEST + 5], "little")
-            problems[r] = rec[_DIGEST + 5 : _DIGEST + 5 + n].decode("utf-8", "replace")
-    if problems:
-        raise LoadError(
-            f"load failed, {consequence}; every rank raised this error: "
-            + shared_problems(problems)
-        )
-    sides: dict[bytes, list[int]] = {}
-    for r, rec in enumerate(records):
-        sides.setdefault(rec[:_DIGEST], []).append(r)
-    if len(sides) > 1:
-        text = " vs ".join(rank_ranges(r) for r in sides.values())
-        raise LoadError(
-            f"load failed, {consequence}: the ranks disagree on the keys, the destination "
-            f"layouts or the options ({text}); every rank must pass the same keys, with "
-            "DTensors on the same mesh and placements"
-        )
+    verdict = decide_at_root(record, group, comm, rule)
+    if verdict.error is not None:
+        raise LoadError(verdict.error)
 
 
 # ---------------------------------------------------------------- reading

@@ -131,7 +131,7 @@ def load(rank: int, world: int, path: str, variant: str, quick: bool) -> dict[st
             dcp.load(sd, storage_reader=HuggingFaceStorageReader(path))
         else:
             _read_floor(buffers)
-            out["bytes"] = sum(b.nbytes for _, b in buffers)
+            out["bytes"] = sum(b.nbytes for _, _, b in buffers)
         dist.barrier()
         out["seconds"] = time.perf_counter() - t0
     out["rss"] = rss.above

@@ -155,6 +155,9 @@ def load(rank: int, world: int, path: str, variant: str, layers: int, dim: int) 
         set_optimizer_state_dict(model, opt, {**osd, "state": state["state"]})
     dist.barrier()
     seconds = time.perf_counter() - t0
+    # Untimed: a rank that left the barrier first would otherwise start hashing its tensors
+    # and take the cores from the ranks still leaving it, whose clocks are still running.
+    dist.barrier()
     return {
         "seconds": seconds,
         "bytes": nread,

@@ -223,6 +223,9 @@ def load(rank: int, world: int, path: str, case: str, variant: str) -> dict[str,
             dist.all_to_all_single(recv, send, output_split_sizes=recvs, input_split_sizes=sends)
         dist.barrier()
         out["seconds"] = time.perf_counter() - t0
+        # Untimed: a rank that left the barrier first would otherwise start hashing its tensors
+        # and take the cores from the ranks still leaving it, whose clocks are still running.
+        dist.barrier()
     out["rss"] = rss.above
     if stats is not None:
         out.update(bytes=stats.bytes_read, data=stats.data_bytes, phases=stats.seconds)

@@ -325,6 +325,9 @@ def load(rank: int, world: int, path: str, case: str, variant: str) -> tuple[flo
             dcp.load(sd, storage_reader=DcpReader(path), planner=DefaultLoadPlanner())
         dist.barrier()
         seconds = time.perf_counter() - t0
+        # Untimed: a rank that left the barrier first would otherwise start hashing its tensors
+        # and take the cores from the ranks still leaving it, whose clocks are still running.
+        dist.barrier()
     return seconds, rss.above, "" if variant in ("floor", "protocol") else _digest(sd)
 
 

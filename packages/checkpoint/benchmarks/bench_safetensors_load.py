@@ -134,6 +134,9 @@ def load(rank: int, world: int, path: str, variant: str, quick: bool) -> dict[st
             out["bytes"] = sum(b.nbytes for _, _, b in buffers)
         dist.barrier()
         out["seconds"] = time.perf_counter() - t0
+        # Untimed: a rank that left the barrier first would otherwise start hashing its tensors
+        # and take the cores from the ranks still leaving it, whose clocks are still running.
+        dist.barrier()
     out["rss"] = rss.above
     out["digest"] = _digest(sd) if sd else ""
     if sd and rank == 0 and variant == "load-own":

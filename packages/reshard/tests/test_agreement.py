@@ -1,6 +1,6 @@
 """``decide_at_root``: rank 0 of the group decides from every rank's record and every rank
-gets its verdict (RESHARD-5, CKPT-23), on a pool of 4 gloo ranks, on the world and on a subgroup whose
-rank 0 is not global rank 0."""
+gets its verdict (RESHARD-5, CKPT-23), on a pool of 4 gloo ranks, on the world and on a
+subgroup whose rank 0 is not global rank 0."""
 
 from __future__ import annotations
 

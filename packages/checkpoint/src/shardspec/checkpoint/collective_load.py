@@ -35,6 +35,7 @@ import hashlib
 import io
 import os
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -425,21 +426,27 @@ def _digest(
     return h.digest()
 
 
-# id -> (layout, digest): the layers of a model share their layout objects (DTensor layouts are
-# cached per geometry), and hashing a layout of 10^4 shards to look it up costs as much as
-# digesting it. The entry holds the layout, so its id is not reused while cached.
-_LAYOUT_DIGESTS: dict[int, tuple[Layout, bytes]] = {}
+# id -> (weak reference, digest): the layers of a model share their layout objects (DTensor
+# layouts are cached per geometry), and hashing a layout of 10^4 shards to look it up costs as
+# much as digesting it. The entry goes when its layout dies: holding the layout kept a
+# ShardedTensor's 10^4-shard layout alive after every load (20,000 objects a load, until 4,096
+# loads).
+_LAYOUT_DIGESTS: dict[int, tuple[weakref.ref[Layout], bytes]] = {}
 
 
 def _layout_digest(layout: Layout) -> bytes:
-    hit = _LAYOUT_DIGESTS.get(id(layout))
-    if hit is not None and hit[0] is layout:
+    key = id(layout)
+    hit = _LAYOUT_DIGESTS.get(key)
+    if hit is not None and hit[0]() is layout:
         return hit[1]
     text = repr((layout.shape, [(s.box.offsets, s.box.sizes, s.rank) for s in layout.shards]))
     d = hashlib.blake2b(text.encode(), digest_size=_DIGEST).digest()
-    if len(_LAYOUT_DIGESTS) > 4096:
-        _LAYOUT_DIGESTS.clear()
-    _LAYOUT_DIGESTS[id(layout)] = (layout, d)
+
+    def gone(ref: weakref.ref[Layout]) -> None:
+        if _LAYOUT_DIGESTS.get(key, (None, b""))[0] is ref:
+            del _LAYOUT_DIGESTS[key]
+
+    _LAYOUT_DIGESTS[key] = (weakref.ref(layout, gone), d)
     return d
 
 

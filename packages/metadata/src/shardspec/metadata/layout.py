@@ -35,7 +35,9 @@ class Layout:
     million Python objects again.
     """
 
-    __slots__ = ("_by_rank", "_columns", "_counter", "shape", "shards")
+    # __weakref__: callers cache what they derive from a layout by its identity (a digest of
+    # 10^4 shards) and must drop the entry when the layout dies, not pin it.
+    __slots__ = ("__weakref__", "_by_rank", "_columns", "_counter", "shape", "shards")
     shape: tuple[int, ...]
     shards: tuple[Shard, ...]
     _columns: Columns | None

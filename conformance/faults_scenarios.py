@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from shardspec.metadata import chunk_layout
 from shardspec.reshard import reshard, reshard_state_dict
+from shardspec.testing.memory import reset_peak_rss, rss
 
 SHAPE = (8, 6)
 
@@ -112,11 +113,6 @@ def killed_mid_reshard(rank: int, world: int, victim: int, rounds: int) -> dict[
     return {"error": None, "seconds": time.monotonic() - start, "skip_teardown": True}
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -141,21 +137,11 @@ def many_small_reshards(rank: int, world: int, calls: int, warmup: int) -> dict[
 
     ok = all(one() for _ in range(warmup))
     gc.collect()
-    rss0, fds0 = _rss_bytes(), _fds()
+    rss0, fds0 = rss(), _fds()
     for _ in range(calls - warmup):
         ok = one() and ok
     gc.collect()
-    return {"ok": ok, "rss": [rss0, _rss_bytes()], "fds": [fds0, _fds()]}
-
-
-def _peak_rss_reset() -> bool:
-    """Reset the kernel's peak-RSS mark (VmHWM) of this process, if the kernel allows."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return True
+    return {"ok": ok, "rss": [rss0, rss()], "fds": [fds0, _fds()]}
 
 
 def _status_kib(field: str) -> int:
@@ -193,7 +179,7 @@ def big_state_dict(rank: int, world: int, total_bytes: int, budget: int) -> dict
     )
     gc.collect()
     dist.barrier()
-    if not _peak_rss_reset():
+    if not reset_peak_rss():
         return {"skip": "this kernel does not let a process reset its peak RSS"}
     base = _status_kib("VmRSS") * 1024
     got = reshard_state_dict(state, src, dst, max_buffer_bytes=budget)

@@ -64,6 +64,7 @@ import torch
 
 from shardspec.metadata import Box, Layout, Shard, chunk_layout
 from shardspec.testing import RankPool
+from shardspec.testing.memory import peak_rss, reset_peak_rss, rss
 
 # --quick (a smoke run) shrinks the cases; set in the environment so the spawned ranks see it.
 QUICK = os.environ.get("SHARDSPEC_BENCH_QUICK") == "1"
@@ -185,33 +186,6 @@ def _digest(sd: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _hwm() -> int | None:
-    """The kernel's peak RSS of this process (VmHWM), in bytes; None where there is none."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def _reset_hwm() -> bool:
-    """Reset the peak RSS to the current RSS (Linux >= 4.0: ``clear_refs`` 5)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return _hwm() is not None
-
-
 class _RssPeak:
     """The peak RSS above the RSS at start. Where the kernel can reset its high-water mark,
     that mark, exact and free: a thread sampling every 2 ms woke 500 times a second in each
@@ -219,8 +193,8 @@ class _RssPeak:
     sampled every 2 ms on a thread."""
 
     def __enter__(self) -> _RssPeak:
-        self.base = self.peak = _rss()
-        self._kernel = _reset_hwm()
+        self.base = self.peak = rss()
+        self._kernel = reset_peak_rss()
         self._t: threading.Thread | None = None
         if not self._kernel:
             self._stop = threading.Event()
@@ -230,15 +204,15 @@ class _RssPeak:
 
     def _run(self) -> None:
         while not self._stop.wait(0.002):
-            self.peak = max(self.peak, _rss())
+            self.peak = max(self.peak, rss())
 
     def __exit__(self, *exc: Any) -> None:
         if self._t is not None:
             self._stop.set()
             self._t.join()
-        self.peak = max(self.peak, _rss())
+        self.peak = max(self.peak, rss())
         if self._kernel:
-            self.peak = max(self.peak, _hwm() or 0)
+            self.peak = max(self.peak, peak_rss() or 0)
 
     @property
     def above(self) -> int:

@@ -272,26 +272,3 @@ def test_strided_shards_of_fsdp2_with_tp_load(
     results = pools[4].call(load, str(tmp_path), entries(STRIDED, 2), mode)
     failures = [f for r in results for f in r["failures"]]
     assert not failures, failures
-
-
-@pytest.mark.rule("CKPT-23")
-def test_a_layouts_digest_is_reused_while_it_lives_and_forgotten_when_it_dies() -> None:
-    # The digest cache is keyed by identity: it once pinned every load's destination layouts
-    # (a ShardedTensor's 10^4 shards, one more each load) until 4,096 of them piled up.
-    import gc
-    import weakref
-
-    from shardspec.checkpoint import collective_load
-    from shardspec.metadata import Layout
-
-    rows = chunk_layout((12, 5), 0, range(4))  # cached by chunk_layout: a fresh copy dies
-    layout = Layout(rows.shape, rows.shards)
-    first = collective_load._layout_digest(layout)
-    assert collective_load._layout_digest(layout) == first
-    assert collective_load._layout_digest(chunk_layout((12, 5), 1, range(4))) != first
-    alive = weakref.ref(layout)
-    del layout
-    gc.collect()
-    assert alive() is None
-    assert all(ref() is not None for ref, _ in collective_load._LAYOUT_DIGESTS.values())
-    assert collective_load._layout_digest(Layout(rows.shape, rows.shards)) == first

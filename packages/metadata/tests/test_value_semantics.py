@@ -207,3 +207,121 @@ def test_a_value_whose_repr_raises_is_named_by_its_type() -> None:
 
 def _raise(self: object) -> int:
     raise RuntimeError("hostile")
+
+
+def _rows_layout(layout: Layout) -> Layout:
+    """``layout`` rebuilt as the converters build one from checked rows (its Shard objects
+    are made only when asked for)."""
+    from shardspec.metadata.columns import plain_columns
+
+    offsets = [s.box.offsets for s in layout.shards]
+    sizes = [s.box.sizes for s in layout.shards]
+    columns = plain_columns(offsets, sizes, [s.rank for s in layout.shards], layout.shape)
+    assert columns is not None
+    return Layout._from_plain(layout.shape, offsets, sizes, columns)
+
+
+def _grid(rows: int, cols: int, world: int) -> Layout:
+    # a (2 * rows, 3 * cols) tensor cut into rows x cols boxes of (2, 3), cell k on k % world
+    return Layout(
+        (2 * rows, 3 * cols),
+        [
+            Shard(Box((2 * i, 3 * j), (2, 3)), (i * cols + j) % world)
+            for i in range(rows)
+            for j in range(cols)
+        ],
+    )
+
+
+@pytest.mark.rule("LAYOUT-9")
+@pytest.mark.parametrize("n", [(2, 3), (10, 10)])  # below and above the columns' threshold
+def test_fingerprint_is_the_same_however_the_layout_was_built(n: tuple[int, int]) -> None:
+    layout = _grid(*n, world=3)
+    expected = layout.fingerprint()
+    assert len(expected) == 16
+    assert Layout(layout.shape, list(layout.shards)).fingerprint() == expected
+    assert pickle.loads(pickle.dumps(layout)).fingerprint() == expected
+    if n[0] * n[1] >= 64:
+        lazy = _rows_layout(layout)
+        assert lazy.fingerprint() == expected  # before its shards exist
+        assert lazy.shards == layout.shards
+        assert _rows_layout(layout).fingerprint() == expected
+
+
+@pytest.mark.rule("LAYOUT-9")
+def test_fingerprint_is_the_documented_digest_of_int64_rows() -> None:
+    import hashlib
+    import struct
+
+    layout = Layout((4, 6), [Shard(Box((0, 0), (4, 3)), 1), Shard(Box((0, 3), (4, 3)), 0)])
+    rows = struct.pack("<10q", 0, 0, 4, 3, 1, 0, 3, 4, 3, 0)
+    worked = hashlib.blake2b(b"shardspec-layout-rows\0(4, 6)\0" + rows, digest_size=16)
+    assert layout.fingerprint() == worked.digest()
+
+
+@pytest.mark.rule("LAYOUT-9")
+@pytest.mark.parametrize("big", [False, True])
+def test_fingerprint_changes_with_any_single_value_or_the_order(big: bool) -> None:
+    layout = _grid(10, 10, world=4) if big else _grid(2, 3, world=4)
+    base = layout.fingerprint()
+    shards = list(layout.shards)
+    k = len(shards) // 2 + 1  # one shard in the middle, not the first or the last
+    s = shards[k]
+    variants = {
+        "offset": Shard(Box((s.box.offsets[0] + 1, s.box.offsets[1]), s.box.sizes), s.rank),
+        "size": Shard(Box(s.box.offsets, (s.box.sizes[0], s.box.sizes[1] - 1)), s.rank),
+        "rank": Shard(s.box, s.rank + 1),
+    }
+    seen = {base}
+    for what, changed in variants.items():
+        other = Layout(layout.shape, [*shards[:k], changed, *shards[k + 1 :]])
+        assert other.fingerprint() != base, what
+        seen.add(other.fingerprint())
+    swapped = [*shards[:k], shards[k + 1], shards[k], *shards[k + 2 :]]
+    reordered = Layout(layout.shape, swapped)
+    assert reordered == layout  # LAYOUT-5: the same layout
+    assert reordered.fingerprint() != base  # but another storage order
+    seen.add(reordered.fingerprint())
+    bigger = Layout((layout.shape[0] + 1, layout.shape[1]), shards)
+    seen.add(bigger.fingerprint())
+    assert len(seen) == 6
+
+
+@pytest.mark.rule("LAYOUT-9", "LAYOUT-6")
+def test_fingerprint_of_values_past_int64_is_exact() -> None:
+    huge = 2**64 + 5
+    a = Layout((huge,), [Shard(Box((0,), (huge,)), 0)])
+    b = Layout((huge + 1,), [Shard(Box((0,), (huge + 1,)), 0)])
+    assert a.fingerprint() != b.fingerprint()
+    assert Layout((huge,), [Shard(Box((0,), (huge,)), 0)]).fingerprint() == a.fingerprint()
+
+
+@pytest.mark.rule("LAYOUT-9", "LAYOUT-5")
+def test_a_layout_built_from_rows_answers_as_the_same_layout_written_out() -> None:
+    layout = _grid(10, 10, world=3)
+    lazy = _rows_layout(layout)
+    assert len(lazy) == 100
+    assert lazy.ranks == (0, 1, 2)
+    for r in (0, 1, 2, 7):
+        assert lazy.shards_of(r) == layout.shards_of(r)
+        assert lazy.positions_of(r) == [i for i, s in enumerate(layout.shards) if s.rank == r]
+    assert lazy.validate() is lazy
+    offs, sizes = lazy.box_arrays()
+    assert offs.shape == sizes.shape == (100, 2)
+    assert offs[37].tolist() == list(layout.shards[37].box.offsets)
+    assert sizes[37].tolist() == [2, 3]
+    with pytest.raises(ValueError):
+        offs[0, 0] = 5  # read-only views of the layout's own arrays
+    assert _rows_layout(layout) == layout
+    assert hash(_rows_layout(layout)) == hash(layout)
+
+
+@pytest.mark.rule("LAYOUT-9", "LAYOUT-2")
+def test_a_layout_built_from_rows_names_the_shards_of_a_fault() -> None:
+    shards = list(_grid(10, 10, world=3).shards)
+    s = shards[41]
+    shards[41] = Shard(Box(s.box.offsets, (s.box.sizes[0], s.box.sizes[1] + 1)), s.rank)
+    lazy = _rows_layout(Layout((20, 30), shards))
+    with pytest.raises(LayoutError, match="overlap") as e:
+        lazy.validate()
+    assert 41 in e.value.shards

@@ -35,7 +35,6 @@ import hashlib
 import io
 import os
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,19 +173,20 @@ def _load(
             stateful_sd[k] = v
         flat, mappings = flatten_state_dict(stateful_sd)
         targets, values = _targets(flat, md, path, group, rank, world)
-        plans = [
-            TensorReads(
-                t.key,
-                t.saved.properties.dtype.itemsize,
-                tuple(sh.box for sh in t.chunks.shards),
-                t.dst,
-            )
-            for t in targets
-        ]
-        if mode == "auto":
-            mode = choose_reads(plans)
-        if mode == "once":
-            runs = assign_reads([p for p in plans if p.dst.numel], world)
+        if mode != "own":  # what "own" never asks: every saved box as an object
+            plans = [
+                TensorReads(
+                    t.key,
+                    t.saved.properties.dtype.itemsize,
+                    tuple(sh.box for sh in t.chunks.shards),
+                    t.dst,
+                )
+                for t in targets
+            ]
+            if mode == "auto":
+                mode = choose_reads(plans)
+            if mode == "once":
+                runs = assign_reads([p for p in plans if p.dst.numel], world)
         digest = _digest(mode, max_buffer_bytes, targets, values)
     except Exception as e:  # every rank must hear of it, or the others would wait
         error = f"{type(e).__name__}: {e}"
@@ -422,32 +422,8 @@ def _digest(
     h.update(repr((mode, max_buffer_bytes, [v[0] for v in values])).encode())
     for t in targets:
         h.update(t.key.encode() + b"\0")
-        h.update(_layout_digest(t.dst))
+        h.update(t.dst.fingerprint())
     return h.digest()
-
-
-# id -> (weak reference, digest): the layers of a model share their layout objects (DTensor
-# layouts are cached per geometry), and hashing a layout of 10^4 shards to look it up costs as
-# much as digesting it. The entry goes when its layout dies: holding the layout kept a
-# ShardedTensor's 10^4-shard layout alive after every load (20,000 objects a load, until 4,096
-# loads).
-_LAYOUT_DIGESTS: dict[int, tuple[weakref.ref[Layout], bytes]] = {}
-
-
-def _layout_digest(layout: Layout) -> bytes:
-    key = id(layout)
-    hit = _LAYOUT_DIGESTS.get(key)
-    if hit is not None and hit[0]() is layout:
-        return hit[1]
-    text = repr((layout.shape, [(s.box.offsets, s.box.sizes, s.rank) for s in layout.shards]))
-    d = hashlib.blake2b(text.encode(), digest_size=_DIGEST).digest()
-
-    def gone(ref: weakref.ref[Layout]) -> None:
-        if _LAYOUT_DIGESTS.get(key, (None, b""))[0] is ref:
-            del _LAYOUT_DIGESTS[key]
-
-    _LAYOUT_DIGESTS[key] = (weakref.ref(layout, gone), d)
-    return d
 
 
 def _agree(

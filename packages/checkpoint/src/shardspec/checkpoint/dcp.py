@@ -245,25 +245,31 @@ def chunk_overlaps(
     """(local index, saved index, offsets in the local box, offsets in the saved chunk,
     lengths) of each non-empty overlap of the saved chunks ``src`` (checked, chunk i on
     "rank" i) with the boxes ``local`` (offsets, sizes)."""
-    if len(src.shards) * len(local) <= _DIRECT_PAIRS:
+    if len(src) * len(local) <= _DIRECT_PAIRS:
         saved = tuple((sh.box.offsets, sh.box.sizes) for sh in src.shards)
         return _direct_overlaps(saved, tuple(local))
+    import numpy as np
+
     # The saved chunks were checked (CKPT-1): their non-empty boxes are disjoint, as a
     # BoxIndex wants them; each local box asks it for its clipped overlaps (a plan would build
-    # a destination layout and pieces for the same answer).
-    kept = [i for i, sh in enumerate(src.shards) if not sh.box.is_empty]
-    index = BoxIndex([src.shards[i].box for i in kept], src.shape)
-    src_off = [sh.box.offsets for sh in src.shards]
+    # a destination layout and pieces for the same answer). The index reads the boxes as
+    # arrays: 10^4 saved chunks need not become objects unless it is no grid.
+    saved_off, saved_sizes = src.box_arrays()
+    kept_at = np.flatnonzero((saved_sizes > 0).all(axis=1))
+    kept: list[int] = kept_at.tolist()
+    index = BoxIndex(
+        _Boxes(src, kept),
+        src.shape,
+        offsets=saved_off[kept_at],
+        stops=saved_off[kept_at] + saved_sizes[kept_at],
+    )
     out: list[Overlap] = []
     many = index.query_clipped_many([o for o, _ in local], [n for _, n in local])
     if many is not None:  # a grid of saved chunks (the common case): all boxes at once
-        import numpy as np
-
         q, pos, lo, lengths = many
-        si = np.asarray(kept, dtype=np.int64)[pos]
+        si = kept_at[pos]
         nd = len(src.shape)
         local_off = np.asarray([o for o, _ in local], dtype=np.int64).reshape(-1, nd)
-        saved_off = np.asarray(src_off, dtype=np.int64).reshape(-1, nd)
         return list(
             zip(
                 q.tolist(),
@@ -273,11 +279,28 @@ def chunk_overlaps(
                 map(tuple, lengths.tolist()),
             )
         )
+    shards = src.shards
     for di, (off, size) in enumerate(local):
         for pos, lo_, sizes in index.query_clipped(Box(off, size)):
             si = kept[pos]
-            out.append((di, si, _minus(lo_, off), _minus(lo_, src_off[si]), sizes))
+            out.append((di, si, _minus(lo_, off), _minus(lo_, shards[si].box.offsets), sizes))
     return out
+
+
+class _Boxes(Sequence[Box]):
+    """The boxes of ``layout`` at ``positions``, made when the index reads them (a grid
+    index reads only their count)."""
+
+    def __init__(self, layout: Layout, positions: list[int]) -> None:
+        self._layout, self._positions = layout, positions
+
+    def __len__(self) -> int:
+        return len(self._positions)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self._layout.shards[self._positions[i]].box
 
 
 @functools.lru_cache(maxsize=1024)

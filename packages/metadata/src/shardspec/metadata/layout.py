@@ -35,14 +35,30 @@ class Layout:
     million Python objects again.
     """
 
-    # __weakref__: callers cache what they derive from a layout by its identity (a digest of
-    # 10^4 shards) and must drop the entry when the layout dies, not pin it.
-    __slots__ = ("__weakref__", "_by_rank", "_columns", "_counter", "shape", "shards")
+    # __weakref__: callers cache what they derive from a layout by its identity and must drop
+    # the entry when the layout dies, not pin it.
+    __slots__ = (
+        "__weakref__",
+        "_by_rank",
+        "_columns",
+        "_counter",
+        "_fingerprint",
+        "_plain",
+        "_shards",
+        "_some_ranks",
+        "shape",
+    )
     shape: tuple[int, ...]
-    shards: tuple[Shard, ...]
+    _shards: tuple[Shard, ...] | None
+    # A layout made by _from_plain keeps its boxes as the rows it was given, and builds the
+    # Shard objects only when asked for them: a checkpoint load of 10^4 saved chunks needs
+    # the columns and the 2,500 boxes of its own rank, not 20,000 objects.
+    _plain: tuple[Sequence[tuple[int, ...]], Sequence[tuple[int, ...]]] | None
     _columns: Columns | None
     _counter: Counter[tuple[Box, int]] | None
     _by_rank: dict[int, tuple[Shard, ...]] | None
+    _some_ranks: dict[int, tuple[Shard, ...]] | None
+    _fingerprint: bytes | None
 
     def __init__(self, shape: Sequence[int], shards: Iterable[Shard]) -> None:
         shape_t = as_index_tuple(shape, "Layout shape")
@@ -57,11 +73,10 @@ class Layout:
                     raise LayoutError(
                         f"Layout shard #{i} must be a Shard, got {type(s).__name__}: {shorten(s)}"
                     )
-        object.__setattr__(self, "shards", shards_t)
+        object.__setattr__(self, "_shards", shards_t)
         columns = shard_columns(shards_t, len(shape_t)) if len(shards_t) >= COLUMNS_FROM else None
         object.__setattr__(self, "_columns", columns)
-        object.__setattr__(self, "_counter", None)
-        object.__setattr__(self, "_by_rank", None)
+        _clear_caches(self, None)
 
     @classmethod
     def from_boxes(cls, shape: Sequence[int], boxes: Iterable[tuple[Box, int]]) -> Layout:
@@ -86,13 +101,66 @@ class Layout:
         (which checked them all): the boxes are built unchecked."""
         layout = object.__new__(cls)
         object.__setattr__(layout, "shape", shape)
-        ranks = columns.ranks.tolist()
-        shards = tuple(map(Shard._trusted, map(Box._trusted, offsets, sizes), ranks))
-        object.__setattr__(layout, "shards", shards)
-        object.__setattr__(layout, "_columns", columns if len(shards) >= COLUMNS_FROM else None)
-        object.__setattr__(layout, "_counter", None)
-        object.__setattr__(layout, "_by_rank", None)
+        if len(offsets) >= COLUMNS_FROM:
+            object.__setattr__(layout, "_shards", None)
+            object.__setattr__(layout, "_columns", columns)
+            _clear_caches(layout, (offsets, sizes))
+        else:
+            ranks = columns.ranks.tolist()
+            shards = tuple(map(Shard._trusted, map(Box._trusted, offsets, sizes), ranks))
+            object.__setattr__(layout, "_shards", shards)
+            object.__setattr__(layout, "_columns", None)
+            _clear_caches(layout, None)
         return layout
+
+    @property
+    def shards(self) -> tuple[Shard, ...]:
+        """The shards, in order."""
+        shards = self._shards
+        if shards is None:
+            assert self._plain is not None and self._columns is not None
+            offsets, sizes = self._plain
+            ranks = self._columns.ranks.tolist()
+            shards = tuple(map(Shard._trusted, map(Box._trusted, offsets, sizes), ranks))
+            object.__setattr__(self, "_shards", shards)
+            object.__setattr__(self, "_plain", None)
+        return shards
+
+    def positions_of(self, rank: int) -> list[int]:
+        """Where ``rank``'s shards are in :attr:`shards`, in order (empty if none)."""
+        if self._columns is not None:
+            import numpy as np
+
+            positions: list[int] = np.flatnonzero(self._columns.ranks == rank).tolist()
+            return positions
+        return [i for i, s in enumerate(self.shards) if s.rank == rank]
+
+    def box_arrays(self) -> tuple[Any, Any]:
+        """The boxes' offsets and sizes as (m, ndim) int64 NumPy arrays, in shard order (for
+        vectorised geometry over thousands of boxes; read-only). Raises :class:`LayoutError` when a
+        value does not fit int64."""
+        import numpy as np
+
+        if self._columns is not None:
+            offs, sizes = self._columns.offsets.T, self._columns.sizes.T
+            offs.flags.writeable = sizes.flags.writeable = False  # views of the layout's own
+            return offs, sizes
+        m, nd = len(self.shards), self.ndim
+        try:
+            offs = np.array([s.box.offsets for s in self.shards], dtype=np.int64)
+            sizes = np.array([s.box.sizes for s in self.shards], dtype=np.int64)
+        except OverflowError as e:
+            raise LayoutError(f"box_arrays: a box of {self!r} does not fit int64") from e
+        return offs.reshape(m, nd), sizes.reshape(m, nd)
+
+    def fingerprint(self) -> bytes:
+        """A 16-byte digest of the shape and the shards in order (local storage order is part
+        of a layout's identity here, unlike ``==``): what ranks compare to agree they hold the
+        same layout. Equal for equal (shape, shard sequence) however the layout was built."""
+        if self._fingerprint is None:
+            object.__setattr__(self, "_fingerprint", _fingerprint(self))
+        assert self._fingerprint is not None
+        return self._fingerprint
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Layout is immutable")
@@ -114,10 +182,29 @@ class Layout:
     @property
     def ranks(self) -> tuple[int, ...]:
         """The ranks that own at least one box (empty boxes included), ascending."""
+        if self._shards is None and self._columns is not None:
+            import numpy as np
+
+            return tuple(np.unique(self._columns.ranks).tolist())
         return tuple(sorted(self._rank_index()))
 
     def shards_of(self, rank: int) -> tuple[Shard, ...]:
         """The shards ``rank`` holds, in local storage order (empty if none)."""
+        if self._shards is None and self._by_rank is None:
+            # Built from rows: only this rank's shards are made (and kept).
+            some = self._some_ranks
+            if some is None:
+                some = {}
+                object.__setattr__(self, "_some_ranks", some)
+            mine = some.get(rank)
+            if mine is None:
+                assert self._plain is not None
+                offsets, sizes = self._plain
+                mine = some[rank] = tuple(
+                    Shard._trusted(Box._trusted(offsets[i], sizes[i]), rank)
+                    for i in self.positions_of(rank)
+                )
+            return mine
         return self._rank_index().get(rank, ())
 
     def boxes_of(self, rank: int) -> tuple[Box, ...]:
@@ -169,6 +256,8 @@ class Layout:
         return True
 
     def __len__(self) -> int:
+        if self._shards is None and self._columns is not None:
+            return len(self._columns.ranks)
         return len(self.shards)
 
     def __iter__(self) -> Iterator[Shard]:
@@ -188,7 +277,8 @@ class Layout:
 
         Returns ``self`` so that ``layout = Layout(...).validate()`` reads naturally.
         """
-        validate_layout(self.shape, self.shards, self._columns)
+        shards: Sequence[Shard] = self.shards if self._shards is not None else _Lazy(self)
+        validate_layout(self.shape, shards, self._columns)
         return self
 
     def is_valid(self) -> bool:
@@ -220,6 +310,69 @@ class Layout:
                 ) from None
             out.append(Shard(s.box, new))
         return Layout(self.shape, out)
+
+
+def _clear_caches(
+    layout: Layout, plain: tuple[Sequence[tuple[int, ...]], Sequence[tuple[int, ...]]] | None
+) -> None:
+    object.__setattr__(layout, "_plain", plain)
+    object.__setattr__(layout, "_counter", None)
+    object.__setattr__(layout, "_by_rank", None)
+    object.__setattr__(layout, "_some_ranks", None)
+    object.__setattr__(layout, "_fingerprint", None)
+
+
+class _Lazy(Sequence[Shard]):
+    """A layout's shards for the validator, which reads only their count unless it reports a
+    fault: the Shard objects are made on the first index."""
+
+    __slots__ = ("_layout",)
+
+    def __init__(self, layout: Layout) -> None:
+        self._layout = layout
+
+    def __len__(self) -> int:
+        return len(self._layout)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._layout.shards[i]
+
+
+# The fingerprint's encoding: shape, then each shard's offsets, sizes and rank, as int64
+# little-endian rows. Where a value does not fit int64 the rows are the repr of the tuples
+# instead, under another tag, so the two encodings never meet.
+_ROWS, _TEXT = b"shardspec-layout-rows\0", b"shardspec-layout-text\0"
+
+
+def _fingerprint(layout: Layout) -> bytes:
+    import hashlib
+    import sys
+    from array import array
+    from itertools import chain
+
+    h = hashlib.blake2b(digest_size=16)
+    columns = layout._columns
+    if columns is not None:
+        import numpy as np
+
+        rows = np.concatenate([columns.offsets, columns.sizes, columns.ranks[None, :]])
+        body = np.ascontiguousarray(rows.T, dtype="<i8").tobytes()
+    else:
+        try:
+            values = array(
+                "q",
+                chain.from_iterable(s.box.offsets + s.box.sizes + (s.rank,) for s in layout.shards),
+            )
+        except OverflowError:
+            text = repr([(s.box.offsets, s.box.sizes, s.rank) for s in layout.shards])
+            h.update(_TEXT + repr(layout.shape).encode() + b"\0" + text.encode())
+            return h.digest()
+        if sys.byteorder != "little":
+            values.byteswap()
+        body = values.tobytes()
+    h.update(_ROWS + repr(layout.shape).encode() + b"\0")
+    h.update(body)
+    return h.digest()
 
 
 def _shard_tuple(shards: Iterable[Shard]) -> tuple[Shard, ...]:

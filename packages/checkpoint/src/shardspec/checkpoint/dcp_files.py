@@ -178,7 +178,9 @@ class HeaderCache:
         known = self._seen.get(key)
         if known is not None:
             for prefix, saved in known:
-                if item[: len(prefix)] == prefix:
+                # a copy and a bytes compare: memoryview's == goes byte by byte (4 us for
+                # 700 bytes, against 1 us; thousands of chunks a load)
+                if item[: len(prefix)].tobytes() == prefix:
                     return saved
         saved = locate_tensor(lambda off, n: _within(item, off, n), length)
         entries = self._seen.setdefault(key, [])

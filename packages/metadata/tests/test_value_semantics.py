@@ -302,7 +302,7 @@ def test_a_layout_built_from_rows_answers_as_the_same_layout_written_out() -> No
     lazy = _rows_layout(layout)
     assert len(lazy) == 100
     assert lazy.ranks == (0, 1, 2)
-    for r in (0, 1, 2, 7):
+    for r in (0, 1, 2, 7, 1):  # rank 1 twice: the second answer is the kept one
         assert lazy.shards_of(r) == layout.shards_of(r)
         assert lazy.positions_of(r) == [i for i, s in enumerate(layout.shards) if s.rank == r]
     assert lazy.validate() is lazy
@@ -325,3 +325,17 @@ def test_a_layout_built_from_rows_names_the_shards_of_a_fault() -> None:
     with pytest.raises(LayoutError, match="overlap") as e:
         lazy.validate()
     assert 41 in e.value.shards
+
+
+@pytest.mark.rule("LAYOUT-9", "LAYOUT-6")
+def test_box_arrays_of_a_small_layout_and_of_values_past_int64() -> None:
+    layout = Layout((4, 6), [Shard(Box((0, 3), (4, 3)), 1), Shard(Box((0, 0), (4, 3)), 0)])
+    offs, sizes = layout.box_arrays()
+    assert offs.tolist() == [[0, 3], [0, 0]]
+    assert sizes.tolist() == [[4, 3], [4, 3]]
+    assert str(offs.dtype) == "int64"
+    empty = Layout((0,), [Shard(Box((0,), (0,)), 0)])
+    assert empty.box_arrays()[1].tolist() == [[0]]
+    huge = 2**64
+    with pytest.raises(LayoutError, match="does not fit int64"):
+        Layout((huge,), [Shard(Box((0,), (huge,)), 0)]).box_arrays()

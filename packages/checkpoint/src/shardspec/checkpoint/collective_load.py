@@ -559,6 +559,10 @@ class _SmallEntries:
     thousands of chunks, and only the chunks this rank reads are looked at further."""
 
     def __init__(self, reader: Any, targets: Sequence[Target]) -> None:
+        from .chunk_spans import SmallChunk, small_entry
+
+        # held here: a relative import in chunk() cost ~3 us a chunk (importlib's bookkeeping)
+        self._small_chunk, self._small_entry = SmallChunk, small_entry
         keys = {t.key for t in targets}
         self._base = str(reader.path)
         self._files: dict[str, str] = {}
@@ -571,19 +575,17 @@ class _SmallEntries:
     def chunk(self, t: Target, si: int, pieces: list[Any]) -> Any:
         """Saved chunk ``si`` of ``t`` filling ``pieces``, as :mod:`.chunk_spans` reads it, or
         None when it cannot (or the metadata has no storage entry for it)."""
-        from .chunk_spans import SmallChunk, small_entry
-
         c = t.saved.chunks[si]
         found = self._at.get((t.key, tuple(c.offsets)))
-        if found is None or not small_entry(found[1]):
+        if found is None or not self._small_entry(found[1]):
             return None
         index, info = found
         rel = info.relative_path
         where = self._files.get(rel)
         if where is None:
             where = self._files[rel] = os.path.join(self._base, rel)
-        return SmallChunk(index, where, int(info.offset), int(info.length),
-                          t.saved.properties.dtype, tuple(c.sizes), pieces)  # fmt: skip
+        return self._small_chunk(index, where, int(info.offset), int(info.length),
+                                 t.saved.properties.dtype, tuple(c.sizes), pieces)  # fmt: skip
 
 
 def _small_chunks(entries: _SmallEntries, t: Target, boxes: Sequence[Box]) -> list[Any] | None:

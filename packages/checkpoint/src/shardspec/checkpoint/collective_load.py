@@ -531,7 +531,7 @@ def _read_own(
     for t in targets:
         boxes = t.dst.boxes_of(rank)
         stats.data_bytes += sum(b.numel for b in boxes) * t.saved.properties.dtype.itemsize
-        chunks = _small_chunks(entries, t, boxes) if boxes else []
+        chunks = entries.chunks_of(t, boxes) if boxes else []
         if chunks is None:
             later.append((t, boxes))
         else:
@@ -559,10 +559,13 @@ class _SmallEntries:
     thousands of chunks, and only the chunks this rank reads are looked at further."""
 
     def __init__(self, reader: Any, targets: Sequence[Target]) -> None:
-        from .chunk_spans import SmallChunk, small_entry
+        from .chunk_spans import Piece, SmallChunk, small_entry
+        from .dcp import chunk_overlaps
 
-        # held here: a relative import in chunk() cost ~3 us a chunk (importlib's bookkeeping)
-        self._small_chunk, self._small_entry = SmallChunk, small_entry
+        # held here: a relative import in a function costs ~1.5 us (importlib's bookkeeping),
+        # once a chunk or a tensor, thousands of times a load
+        self._piece, self._small_chunk, self._small_entry = Piece, SmallChunk, small_entry
+        self._overlaps = chunk_overlaps
         keys = {t.key for t in targets}
         self._base = str(reader.path)
         self._files: dict[str, str] = {}
@@ -587,25 +590,22 @@ class _SmallEntries:
         return self._small_chunk(index, where, int(info.offset), int(info.length),
                                  t.saved.properties.dtype, tuple(c.sizes), pieces)  # fmt: skip
 
-
-def _small_chunks(entries: _SmallEntries, t: Target, boxes: Sequence[Box]) -> list[Any] | None:
-    """The saved chunks of ``t`` that ``boxes`` (this rank's) overlap, with the pieces each
-    fills, when all are small plain DCP chunks (:mod:`.chunk_spans`); else None."""
-    from .chunk_spans import Piece
-    from .dcp import chunk_overlaps
-
-    pieces: dict[int, list[Piece]] = {}
-    for di, si, dst_off, src_off, lengths in chunk_overlaps(
-        t.chunks, [(b.offsets, b.sizes) for b in boxes]
-    ):
-        pieces.setdefault(si, []).append(Piece(t.outs[di], dst_off, src_off, lengths))
-    out = []
-    for si, ps in pieces.items():
-        c = entries.chunk(t, si, ps)
-        if c is None:
-            return None
-        out.append(c)
-    return out
+    def chunks_of(self, t: Target, boxes: Sequence[Box]) -> list[Any] | None:
+        """The saved chunks of ``t`` that ``boxes`` (this rank's) overlap, with the pieces each
+        fills, when all are small plain DCP chunks (:mod:`.chunk_spans`); else None."""
+        piece, outs = self._piece, t.outs
+        pieces: dict[int, list[Any]] = {}
+        for di, si, dst_off, src_off, lengths in self._overlaps(
+            t.chunks, [(b.offsets, b.sizes) for b in boxes]
+        ):
+            pieces.setdefault(si, []).append(piece(outs[di], dst_off, src_off, lengths))
+        out = []
+        for si, ps in pieces.items():
+            c = self.chunk(t, si, ps)
+            if c is None:
+                return None
+            out.append(c)
+        return out
 
 
 def _read_small(reader: Any, small: list[Any], stats: LoadStats) -> bool:

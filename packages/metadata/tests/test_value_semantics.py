@@ -257,6 +257,13 @@ def test_fingerprint_is_the_documented_digest_of_int64_rows() -> None:
     rows = struct.pack("<10q", 0, 0, 4, 3, 1, 0, 3, 4, 3, 0)
     worked = hashlib.blake2b(b"shardspec-layout-rows\0(4, 6)\0" + rows, digest_size=16)
     assert layout.fingerprint() == worked.digest()
+    # a layout that keeps int64 columns (64 shards or more) digests the same rows
+    big = _grid(10, 10, world=3)
+    values = [v for s in big.shards for v in (*s.box.offsets, *s.box.sizes, s.rank)]
+    rows = struct.pack(f"<{len(values)}q", *values)
+    worked = hashlib.blake2b(b"shardspec-layout-rows\0(20, 30)\0" + rows, digest_size=16)
+    assert big.fingerprint() == worked.digest()
+    assert _rows_layout(big).fingerprint() == worked.digest()
 
 
 @pytest.mark.rule("LAYOUT-9")

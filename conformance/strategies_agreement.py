@@ -201,7 +201,9 @@ def replica_change(
         kind = "high_byte"
     if kind in ("nan_payload", "negative_zero"):
         region = t[box.slices()]
-        flat = region.contiguous().reshape(-1)
+        # a copy of its own: a contiguous region's reshape is a view of it, and copy_ then
+        # refuses to read and write the same memory
+        flat = region.reshape(-1).clone()
         flat[index] = float("nan") if kind == "nan_payload" else 0.0
         region.copy_(flat.reshape(region.shape))
     entries = [*entries[:i], {**e, "tensor": t}, *entries[i + 1 :]]

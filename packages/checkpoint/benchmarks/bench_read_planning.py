@@ -35,7 +35,6 @@ tests/test_read_planning_equivalence.py).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import subprocess
@@ -49,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from shardspec.metadata import Box, Layout, chunk_layout
 from shardspec.reshard import plan
+from shardspec.testing.memory import peak_rss, reset_peak_rss, rss
 
 SIZES = (250, 500, 1000, 2000)
 CASES = ("rows -> cols", "cols -> cols")
@@ -59,13 +59,6 @@ KINDS = ("upstream-all", "ours-all", "upstream-1", "ours-1")
 
 
 # ---------------------------------------------------------------- child side
-
-
-def _status(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def layouts(case: str, n: int) -> tuple[Layout, Layout]:
@@ -109,13 +102,12 @@ def measure(kind: str, case: str, n: int) -> dict[str, Any]:
 
     repeats = 1 if kind.endswith("all") else 5
     gc.collect()
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
-    before = _status("VmRSS")
+    reset_peak_rss()
+    before = rss()
     t = time.perf_counter()
     count = run()
     best = time.perf_counter() - t
-    peak = _status("VmHWM") - before
+    peak = (peak_rss() or 0) - before
     for _ in range(repeats - 1):
         t = time.perf_counter()
         run()

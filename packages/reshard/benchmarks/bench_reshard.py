@@ -29,7 +29,6 @@ against a naive all-pairs planner at a smaller size.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import itertools
 import os
@@ -48,23 +47,12 @@ import torch.distributed as dist
 
 from shardspec.metadata import Box, Layout, chunk_layout
 from shardspec.reshard import plan, reshard, reshard_state_dict
+from shardspec.testing.memory import peak_rss, reset_peak_rss, rss
 
 MiB = 1 << 20
 
 
 # ---------------------------------------------------------------- memory
-
-
-def _status(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
-def _reset_peak() -> None:
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
 
 
 # ---------------------------------------------------------------- shapes and inputs
@@ -218,12 +206,12 @@ def dcp_roundtrip(
 def _timed_once(fn: Any) -> tuple[float, int, Any]:
     gc.collect()
     dist.barrier()
-    before = _status("VmRSS")
-    _reset_peak()
+    before = rss()
+    reset_peak_rss()
     t0 = time.perf_counter()
     out = fn()
     elapsed = time.perf_counter() - t0
-    growth = _status("VmHWM") - before
+    growth = (peak_rss() or 0) - before
     dist.barrier()
     return elapsed, growth, out
 

@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardspec.metadata.box import Box
-from shardspec.metadata.columns import COLUMNS_FROM, plain_columns
+from shardspec.metadata.columns import COLUMNS_FROM, ArrayRows, array_columns, plain_columns
 from shardspec.metadata.errors import LayoutError
 from shardspec.metadata.layout import Layout, Shard
 
-__all__ = ["ChunkError", "check_chunks", "chunk_verdict", "storable"]
+__all__ = ["ChunkError", "check_chunks", "chunk_array_verdict", "chunk_verdict", "storable"]
 
 ChunkBounds = tuple[Sequence[int], Sequence[int]]
 
@@ -160,6 +160,30 @@ def _plain_chunks(shape: tuple[int, ...], chunks: Sequence[ChunkBounds]) -> Layo
     if len(set(offsets)) != len(offsets):
         return None
     return Layout._from_plain(shape, offsets, sizes, columns)
+
+
+def chunk_array_verdict(
+    fqn: str, shape: Sequence[int], offsets: Any, sizes: Any
+) -> Layout | ChunkError:
+    """:func:`chunk_verdict` of chunks given as two (m x ndim) int64 arrays (the metadata's
+    column encoding): checked at once when they are plain, else row by row, naming the
+    culprits as there."""
+    import numpy as np
+
+    try:
+        shape_t = tuple(_saved_size(n) for n in shape)
+    except (TypeError, ValueError):
+        shape_t = None
+    m = len(offsets)
+    if shape_t is not None and m >= COLUMNS_FROM and min(shape_t, default=0) >= 0:
+        columns = array_columns(offsets, sizes, np.arange(m, dtype=np.int64), shape_t)
+        if columns is not None and len(np.unique(offsets, axis=0)) == m:
+            fast = Layout._from_plain(shape_t, ArrayRows(offsets), ArrayRows(sizes), columns)
+            try:
+                return fast.validate()
+            except LayoutError as e:
+                return _explain(fqn, fast, e)
+    return chunk_verdict(fqn, shape, list(zip(ArrayRows(offsets), ArrayRows(sizes))))
 
 
 def storable(layout: Layout) -> Layout:

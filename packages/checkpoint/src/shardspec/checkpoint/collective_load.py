@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from shardspec.metadata import Box, Layout
 
 from .dcp_files import UnsupportedItem
-from .dcp_reader import CheckpointReadError
+from .dcp_reader import WHOLE_ITEM_BYTES, CheckpointReadError
 from .load_exchange import BYTES_KEY, Target, exchange, replicated
 from .load_reads import Run, TensorReads, assign_reads, choose_reads
 
@@ -256,9 +256,11 @@ def _shared_metadata(
     import torch
     import torch.distributed as dist
 
+    from .dcp_metadata import METADATA_FILE
     from .safetensors_files import is_safetensors, metadata_from_headers, read_headers
 
-    kind, blob, failed = 0, b"", False
+    where = path if path.name == METADATA_FILE else path / METADATA_FILE
+    kind, blob, failed, nread = 0, b"", False, 0
     if rank == 0:
         try:
             if is_safetensors(path):
@@ -267,6 +269,9 @@ def _shared_metadata(
                 from .dcp_metadata import metadata_path
 
                 kind, blob = 0, metadata_path(path).read_bytes()
+            nread = len(blob)
+            if kind == 0:
+                blob, kind = _columns_of(blob, where)
         except Exception as e:
             failed, blob = True, f"{type(e).__name__}: {e}".encode("utf-8", "replace")
     src = dist.get_global_rank(group, 0) if group is not None else 0
@@ -295,15 +300,33 @@ def _shared_metadata(
         )
     try:
         if kind == 1:
-            return metadata_from_headers(raw, path), n if rank == 0 else 0, True
-        from .dcp_metadata import METADATA_FILE, metadata_from_bytes
+            return metadata_from_headers(raw, path), nread, True
+        if kind == 2:
+            from .dcp_columns import decode
 
-        where = path if path.name == METADATA_FILE else path / METADATA_FILE
-        return metadata_from_bytes(raw, where), n if rank == 0 else 0, False
+            return decode(raw, where), nread, False
+        from .dcp_metadata import metadata_from_bytes
+
+        return metadata_from_bytes(raw, where), nread, False
     except Exception as e:  # the same bytes fail the same way on every rank
         raise LoadError(
             f"load of {path}: {type(e).__name__}: {e}; no data was read (every rank raised this)"
         ) from e
+
+
+def _columns_of(raw: bytes, where: Path) -> tuple[bytes, int]:
+    """What rank 0 sends of a DCP ``.metadata`` file's bytes ``raw``: its column encoding
+    (kind 2; :mod:`.dcp_columns`), or the bytes themselves (kind 0) when the file does not
+    parse (every rank then parses them and raises the same error) or an entry is not plain."""
+    from .dcp_columns import encode
+    from .dcp_metadata import metadata_from_bytes
+
+    try:
+        md = metadata_from_bytes(raw, where)
+    except Exception:
+        return raw, 0
+    columns = encode(md)
+    return (raw, 0) if columns is None else (columns, 2)
 
 
 # ---------------------------------------------------------------- destinations
@@ -559,19 +582,30 @@ class _SmallEntries:
     thousands of chunks, and only the chunks this rank reads are looked at further."""
 
     def __init__(self, reader: Any, targets: Sequence[Target]) -> None:
+        from torch.distributed.checkpoint.metadata import MetadataIndex
+
         from .chunk_spans import Piece, SmallChunk, small_entry
         from .dcp import chunk_overlaps
+        from .dcp_columns import ColumnStorage
 
         # held here: a relative import in a function costs ~1.5 us (importlib's bookkeeping),
         # once a chunk or a tensor, thousands of times a load
         self._piece, self._small_chunk, self._small_entry = Piece, SmallChunk, small_entry
-        self._overlaps = chunk_overlaps
-        keys = {t.key for t in targets}
+        self._overlaps, self._index = chunk_overlaps, MetadataIndex
         self._base = str(reader.path)
         self._files: dict[str, str] = {}
-        self._at: dict[tuple[str, tuple[int, ...]], tuple[Any, Any]] = {
+        storage = reader.storage_data
+        self._at: dict[tuple[str, tuple[int, ...]], tuple[Any, Any]] = {}
+        if isinstance(storage, ColumnStorage):
+            # the column encoding files each chunk's entry by its position: none is made
+            # unless this rank reads that chunk
+            self._columns: ColumnStorage | None = storage
+            return
+        self._columns = None
+        keys = {t.key for t in targets}
+        self._at = {
             (index.fqn, tuple(index.offset or ())): (index, info)
-            for index, info in reader.storage_data.items()
+            for index, info in storage.items()
             if index.fqn in keys
         }
 
@@ -579,15 +613,24 @@ class _SmallEntries:
         """Saved chunk ``si`` of ``t`` filling ``pieces``, as :mod:`.chunk_spans` reads it, or
         None when it cannot (or the metadata has no storage entry for it)."""
         c = t.saved.chunks[si]
-        found = self._at.get((t.key, tuple(c.offsets)))
-        if found is None or not self._small_entry(found[1]):
-            return None
-        index, info = found
-        rel = info.relative_path
+        if self._columns is not None:
+            entry = self._columns.entry(t.key, si)
+            if entry is None:
+                return None
+            rel, offset, length = entry
+            if length > WHOLE_ITEM_BYTES:
+                return None
+            index = self._index(t.key, c.offsets, si)
+        else:
+            found = self._at.get((t.key, tuple(c.offsets)))
+            if found is None or not self._small_entry(found[1]):
+                return None
+            index, info = found
+            rel, offset, length = info.relative_path, int(info.offset), int(info.length)
         where = self._files.get(rel)
         if where is None:
             where = self._files[rel] = os.path.join(self._base, rel)
-        return self._small_chunk(index, where, int(info.offset), int(info.length),
+        return self._small_chunk(index, where, offset, length,
                                  t.saved.properties.dtype, tuple(c.sizes), pieces)  # fmt: skip
 
     def chunks_of(self, t: Target, boxes: Sequence[Box]) -> list[Any] | None:

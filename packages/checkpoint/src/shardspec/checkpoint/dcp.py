@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import math
+import weakref
 from collections import ChainMap
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -72,10 +74,16 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.planner_helpers import _create_chunk_list, _create_read_items
 from torch.distributed.tensor import DTensor
 
-from shardspec.checkpoint.chunks import ChunkError, check_chunks, chunk_verdict
+from shardspec.checkpoint.chunks import (
+    ChunkError,
+    check_chunks,
+    chunk_array_verdict,
+    chunk_verdict,
+)
 from shardspec.metadata import Box, Layout
 from shardspec.reshard.index import BoxIndex
 
+from .dcp_columns import ColumnChunks
 from .dcp_reader import PLAN_STAYS_LOCAL, CheckpointReadError, FileSystemReader
 
 _E = TypeVar("_E", bound=BaseException)
@@ -201,6 +209,8 @@ def checked_chunks(fqn: str, saved: TensorStorageMetadata) -> Layout:
     """The saved chunks of tensor ``fqn`` as a layout (chunk i on "rank" i), after checking them
     (CKPT-1): raises :class:`ChunkError` naming the tensor and the culprit chunks."""
     chunks = saved.chunks
+    if isinstance(chunks, ColumnChunks):
+        return _checked_arrays(fqn, tuple(saved.size), *chunks.arrays)
     src = None
     if len(chunks) <= _DIRECT_PAIRS:
         # Layers of one model share their shapes and chunkings: checked once per geometry.
@@ -254,15 +264,8 @@ def chunk_overlaps(
     # BoxIndex wants them; each local box asks it for its clipped overlaps (a plan would build
     # a destination layout and pieces for the same answer). The index reads the boxes as
     # arrays: 10^4 saved chunks need not become objects unless it is no grid.
-    saved_off, saved_sizes = src.box_arrays()
-    kept_at = np.flatnonzero((saved_sizes > 0).all(axis=1))
-    kept: list[int] = kept_at.tolist()
-    index = BoxIndex(
-        _Boxes(src, kept),
-        src.shape,
-        offsets=saved_off[kept_at],
-        stops=saved_off[kept_at] + saved_sizes[kept_at],
-    )
+    saved_off = src.box_arrays()[0]
+    kept_at, kept, index = _index_of(src)
     out: list[Overlap] = []
     many = index.query_clipped_many([o for o, _ in local], [n for _, n in local])
     if many is not None:  # a grid of saved chunks (the common case): all boxes at once
@@ -285,6 +288,36 @@ def chunk_overlaps(
             si = kept[pos]
             out.append((di, si, _minus(lo_, off), _minus(lo_, shards[si].box.offsets), sizes))
     return out
+
+
+# The index of each saved-chunk layout, by identity: the tensors of a model that share a
+# chunking share its checked layout (_CHECKED), so one index serves all. An index holds its
+# layout, so the cache is bounded, not weak; the weakref only tells a reused id apart.
+_INDEXES: dict[int, tuple[weakref.ref[Layout], tuple[Any, list[int], BoxIndex]]] = {}
+_INDEXES_MAX = 64
+
+
+def _index_of(src: Layout) -> tuple[Any, list[int], BoxIndex]:
+    """(positions of the non-empty chunks as an array and a list, their BoxIndex)."""
+    hit = _INDEXES.get(id(src))
+    if hit is not None and hit[0]() is src:
+        return hit[1]
+    import numpy as np
+
+    saved_off, saved_sizes = src.box_arrays()
+    kept_at = np.flatnonzero((saved_sizes > 0).all(axis=1))
+    kept: list[int] = kept_at.tolist()
+    index = BoxIndex(
+        _Boxes(src, kept),
+        src.shape,
+        offsets=saved_off[kept_at],
+        stops=saved_off[kept_at] + saved_sizes[kept_at],
+    )
+    found = (kept_at, kept, index)
+    if len(_INDEXES) >= _INDEXES_MAX:
+        _INDEXES.clear()
+    _INDEXES[id(src)] = (weakref.ref(src), found)
+    return found
 
 
 class _Boxes(Sequence[Box]):
@@ -311,6 +344,30 @@ def _valid_geometry(
     tensor)."""
     verdict = chunk_verdict("", shape, chunks)
     return verdict if isinstance(verdict, Layout) else None
+
+
+# Saved chunkings that passed CKPT-1, by shape and a digest of their arrays: the layers of a
+# model repeat a few, and hashing the arrays costs microseconds where the check costs a sort.
+_CHECKED: dict[tuple[tuple[int, ...], bytes], Layout] = {}
+_CHECKED_MAX = 1024
+
+
+def _checked_arrays(fqn: str, shape: tuple[int, ...], offsets: Any, sizes: Any) -> Layout:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(repr(offsets.shape).encode())
+    h.update(offsets.tobytes())
+    h.update(sizes.tobytes())
+    key = (shape, h.digest())
+    hit = _CHECKED.get(key)
+    if hit is not None:
+        return hit
+    verdict = chunk_array_verdict(fqn, shape, offsets, sizes)
+    if isinstance(verdict, ChunkError):
+        raise verdict
+    if len(_CHECKED) >= _CHECKED_MAX:
+        _CHECKED.clear()
+    _CHECKED[key] = verdict
+    return verdict
 
 
 def _minus(a: Sequence[int], b: Any) -> tuple[int, ...]:

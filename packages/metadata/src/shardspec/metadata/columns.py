@@ -6,7 +6,7 @@ large layout does it once, when it is built (see ``Layout``), not on each valida
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from itertools import chain
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -17,7 +17,15 @@ if TYPE_CHECKING:
 
     from .shard import Shard
 
-__all__ = ["COLUMNS_FROM", "INT_LIMIT", "Columns", "plain_columns", "shard_columns"]
+__all__ = [
+    "COLUMNS_FROM",
+    "INT_LIMIT",
+    "ArrayRows",
+    "Columns",
+    "array_columns",
+    "plain_columns",
+    "shard_columns",
+]
 
 # Below this many shards the pure-Python checks beat NumPy's per-call overhead (measured by
 # bench_validate.py); above it the layout keeps columns.
@@ -94,11 +102,33 @@ def plain_columns(
         return None  # bools, floats, numpy scalars: the per-box checks refuse or convert them
     try:
         count = m * ndim
-        offs = np.fromiter(chain.from_iterable(offsets), np.int64, count).reshape(m, ndim).T.copy()
-        szs = np.fromiter(chain.from_iterable(sizes), np.int64, count).reshape(m, ndim).T.copy()
+        offs = np.fromiter(chain.from_iterable(offsets), np.int64, count).reshape(m, ndim)
+        szs = np.fromiter(chain.from_iterable(sizes), np.int64, count).reshape(m, ndim)
         rks = np.fromiter(ranks, np.int64, m)
     except OverflowError:
         return None
+    return array_columns(offs, szs, rks, shape)
+
+
+def array_columns(
+    offsets: npt.NDArray[np.int64],
+    sizes: npt.NDArray[np.int64],
+    ranks: npt.NDArray[np.int64],
+    shape: tuple[int, ...],
+) -> Columns | None:
+    """:func:`plain_columns` of boxes already in int64 arrays: ``offsets`` and ``sizes``
+    (m x ndim, row i is box i), ``ranks`` (m). None when a value is out of range or a box
+    leaves ``shape``, as there. The arrays are copied: the columns never share memory with
+    what a caller may change."""
+    import numpy as np
+
+    m, ndim = len(ranks), len(shape)
+    if m == 0 or offsets.shape != (m, ndim) or sizes.shape != (m, ndim):
+        return None
+    # one contiguous row per dim, as shard_columns lays them out
+    offs = np.array(offsets.T, dtype=np.int64, order="C", copy=True)
+    szs = np.array(sizes.T, dtype=np.int64, order="C", copy=True)
+    rks = np.array(ranks, dtype=np.int64, copy=True)
     if ndim and (
         int(offs.min()) < 0
         or int(szs.min()) < 0
@@ -110,3 +140,25 @@ def plain_columns(
     if int(rks.min()) < 0 or int(rks.max()) > INT_LIMIT:
         return None
     return Columns(offs, szs, rks)
+
+
+class ArrayRows(Sequence[tuple[int, ...]]):
+    """The rows of an (m x ndim) int64 array as tuples of Python ints, each made when read:
+    the rows a layout built by ``Layout._from_plain`` keeps, for boxes that arrived as arrays
+    (a checkpoint's saved chunks) rather than as Python tuples."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: npt.NDArray[np.int64]) -> None:
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return int(self._rows.shape[0])
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [tuple(r) for r in self._rows[i].tolist()]
+        return tuple(self._rows[i].tolist())
+
+    def __iter__(self) -> Iterator[tuple[int, ...]]:
+        return map(tuple, self._rows.tolist())

@@ -52,6 +52,11 @@ def mesh_ranks(mesh: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
             raise ConversionError(f"mesh shape {dims} has no ranks")
         return dims, tuple(range(math.prod(dims)))
     raw = mesh.mesh if hasattr(mesh, "mesh") and not isinstance(mesh, (list, tuple)) else mesh
+    if hasattr(raw, "tolist") and hasattr(raw, "shape") and hasattr(raw, "reshape"):
+        # a tensor or an array is a grid by construction: no walk over its W ranks in Python
+        dims = tuple(int(n) for n in raw.shape)
+        if dims and 0 not in dims:
+            return dims, _unique_ranks(raw.reshape(-1).tolist(), raw)
     if hasattr(raw, "tolist"):
         raw = raw.tolist()
     if not isinstance(raw, (list, tuple)):
@@ -81,6 +86,10 @@ def mesh_ranks(mesh: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
             walk(child, depth + 1)
 
     walk(raw, 0)
+    return tuple(shape), _unique_ranks(flat, raw)
+
+
+def _unique_ranks(flat: list[Any], raw: Any) -> tuple[int, ...]:
     try:
         ranks = as_index_tuple(flat, "mesh ranks")
     except LayoutError as e:
@@ -88,7 +97,7 @@ def mesh_ranks(mesh: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     if len(set(ranks)) != len(ranks):
         dup = sorted({r for r in ranks if ranks.count(r) > 1})
         raise ConversionError(f"mesh {raw!r} names ranks {dup} more than once")
-    return tuple(shape), ranks
+    return ranks
 
 
 def _splits(placements: Sequence[Placement], ndim: int) -> tuple[Split | None, ...]:

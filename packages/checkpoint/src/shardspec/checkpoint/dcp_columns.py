@@ -1,0 +1,324 @@
+"""A DCP checkpoint's metadata as columns: what rank 0 of a collective load sends the others
+(CKPT-23).
+
+DCP's ``.metadata`` is one pickle of every saved chunk of the job, and unpickling costs
+several microseconds a chunk (a ``ChunkStorageMetadata``, a ``MetadataIndex`` and a
+``_StorageInfo``, each with its ``torch.Size``). Were every rank to unpickle it, each would
+pay for the whole job's chunks on every load. So rank 0 parses the file (the restricted
+unpickler, CKPT-5) and, when every entry is a plain one, sends:
+
+- a *skeleton*: the same ``Metadata`` with no chunks and only the non-tensor values' storage
+  entries, pickled (its size grows with the keys, not with the chunks), read on every rank by
+  the same restricted unpickler;
+- the file names, and one int64 table: each tensor's chunk offsets and sizes, and each chunk's
+  storage entry (file, offset, length; file -1 where the metadata has none).
+
+Every rank reads the table as NumPy arrays. :class:`ColumnChunks` and :class:`ColumnStorage`
+make a chunk's ``ChunkStorageMetadata`` or ``_StorageInfo`` only when it is read, and hand the
+arrays to what works on all chunks at once (the chunk check, the overlap index).
+
+Anything else (ByteCheckpoint's entries, storage transforms, an entry no chunk names, a value
+that is not a plain int of int64) is not encoded: :func:`encode` returns None and rank 0 sends
+the file's bytes, which every rank unpickles, as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from collections.abc import Iterator, Mapping, Sequence
+from itertools import chain
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    from torch.distributed.checkpoint.metadata import Metadata
+
+__all__ = ["ColumnChunks", "ColumnStorage", "decode", "encode"]
+
+_MAGIC = b"shardspec-dcp-columns-1\0"
+_INFO_FIELDS = frozenset({"relative_path", "offset", "length", "transform_descriptors"})
+
+
+def encode(md: Metadata) -> bytes | None:
+    """``md`` as a skeleton and a table (see the module), or None when an entry is not plain."""
+    import numpy as np
+    import torch
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        ChunkStorageMetadata,
+        MetadataIndex,
+        TensorStorageMetadata,
+    )
+
+    sdm, storage = md.state_dict_metadata, md.storage_data
+    if type(sdm) is not dict or type(storage) is not dict:
+        return None
+    values: dict[Any, Any] = {}
+    by_fqn: dict[str, dict[tuple[int, ...], Any]] = {}
+    for key, info in storage.items():
+        if type(key) is not MetadataIndex or type(key.fqn) is not str:
+            return None
+        if key.offset is None:
+            values[key] = info
+            continue
+        if type(info) is not _StorageInfo or not _plain_info(info):
+            return None
+        by_fqn.setdefault(key.fqn, {})[tuple(key.offset)] = info
+    files: dict[str, int] = {}
+    skeleton: dict[str, Any] = {}
+    counts: list[int] = []
+    parts: list[Any] = []
+    for fqn, smd in sdm.items():
+        if type(fqn) is not str:
+            return None
+        if type(smd) is BytesStorageMetadata:
+            skeleton[fqn] = smd
+            continue
+        if type(smd) is not TensorStorageMetadata or type(smd.chunks) is not list:
+            return None
+        if type(smd.size) is not torch.Size or not _ints(smd.size):
+            return None
+        chunks, nd = smd.chunks, len(smd.size)
+        if any(
+            type(c) is not ChunkStorageMetadata
+            or type(c.offsets) is not torch.Size
+            or type(c.sizes) is not torch.Size
+            or len(c.offsets) != nd
+            or len(c.sizes) != nd
+            for c in chunks
+        ):
+            return None
+        offsets = [tuple(c.offsets) for c in chunks]
+        sizes = [c.sizes for c in chunks]
+        # bools and floats refused here; a value past int64 makes fromiter raise below
+        if {*map(type, chain.from_iterable(offsets)), *map(type, chain.from_iterable(sizes))} - {
+            int
+        }:
+            return None
+        entries = by_fqn.pop(fqn, {})
+        found = [entries.get(o) for o in offsets]
+        if len(entries) != len({o for o, e in zip(offsets, found) if e is not None}):
+            return None  # an entry no chunk names: only the pickle keeps it
+        rows: list[int] = []
+        for e in found:
+            if e is None:
+                rows += (-1, 0, 0)
+            else:
+                rows += (files.setdefault(e.relative_path, len(files)), e.offset, e.length)
+        m = len(chunks)
+        try:
+            parts += (
+                np.fromiter(chain.from_iterable(offsets), np.int64, m * nd),
+                np.fromiter(chain.from_iterable(sizes), np.int64, m * nd),
+                np.fromiter(rows, np.int64, 3 * m),
+            )
+        except OverflowError:
+            return None
+        counts.append(m)
+        skeleton[fqn] = dataclasses.replace(smd, chunks=[])
+    if by_fqn or any(not isinstance(sdm.get(k.fqn), BytesStorageMetadata) for k in values):
+        return None  # entries of no saved tensor (or value): only the pickle keeps them
+    if any("\0" in f for f in files):
+        return None
+    head = pickle.dumps(
+        dataclasses.replace(md, state_dict_metadata=skeleton, storage_data=values), protocol=4
+    )
+    names = "\0".join(files).encode("utf-8", "surrogatepass")
+    table = np.concatenate([np.asarray(counts, dtype=np.int64), *parts]) if counts else None
+    out = [_MAGIC, _u64(len(head)), head, _u64(len(names)), names, _u64(len(counts))]
+    if table is not None:
+        out.append(table.astype("<i8").tobytes())
+    return b"".join(out)
+
+
+def decode(blob: bytes, where: Path) -> Metadata:
+    """The ``Metadata`` :func:`encode` encoded, its chunks and storage entries read from the
+    table when asked. ``where`` names the metadata file in errors."""
+    import numpy as np
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from .dcp_metadata import metadata_from_bytes
+
+    view = memoryview(blob)
+    if bytes(view[: len(_MAGIC)]) != _MAGIC:
+        raise ValueError(f"{where}: the metadata rank 0 sent is not in the column encoding")
+    at = len(_MAGIC)
+    n, at = _read_u64(view, at)
+    skeleton = metadata_from_bytes(bytes(view[at : at + n]), where)
+    at += n
+    n, at = _read_u64(view, at)
+    names = bytes(view[at : at + n]).decode("utf-8", "surrogatepass")
+    files = names.split("\0") if n else []
+    at += n
+    count, at = _read_u64(view, at)
+    table = np.frombuffer(blob, dtype="<i8", offset=at) if count else np.zeros(0, np.int64)
+    counts = table[:count].tolist()
+    pos = count
+    sdm: dict[str, Any] = {}
+    per: dict[str, tuple[ColumnChunks, Any]] = {}
+    tensors = iter(counts)
+    for fqn, smd in skeleton.state_dict_metadata.items():
+        if not isinstance(smd, TensorStorageMetadata):
+            sdm[fqn] = smd
+            continue
+        m, nd = next(tensors), len(smd.size)
+        offsets = table[pos : pos + m * nd].reshape(m, nd)
+        sizes = table[pos + m * nd : pos + 2 * m * nd].reshape(m, nd)
+        entries = table[pos + 2 * m * nd : pos + (2 * nd + 3) * m].reshape(m, 3)
+        pos += (2 * nd + 3) * m
+        chunks = ColumnChunks(offsets, sizes)
+        per[fqn] = (chunks, entries)
+        sdm[fqn] = dataclasses.replace(smd, chunks=cast(Any, chunks))
+    if pos != len(table) or next(tensors, None) is not None:
+        raise ValueError(f"{where}: the metadata rank 0 sent has a table of the wrong length")
+    storage = ColumnStorage(skeleton.storage_data or {}, per, files)
+    return dataclasses.replace(skeleton, state_dict_metadata=sdm, storage_data=storage)
+
+
+class ColumnChunks(Sequence[Any]):
+    """A tensor's saved chunks (``ChunkStorageMetadata``), read from two (m x ndim) int64
+    arrays; each made when read. :attr:`arrays` gives the arrays themselves (read-only)."""
+
+    __slots__ = ("_offsets", "_sizes")
+    __hash__ = None  # type: ignore[assignment]  # equal to the list it stands for, as a list
+
+    def __init__(self, offsets: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) -> None:
+        self._offsets, self._sizes = offsets, sizes
+
+    @property
+    def arrays(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        return self._offsets, self._sizes
+
+    def __len__(self) -> int:
+        return int(self._offsets.shape[0])
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        import torch
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+        return ChunkStorageMetadata(
+            torch.Size(self._offsets[i].tolist()), torch.Size(self._sizes[i].tolist())
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        import torch
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+        for o, s in zip(self._offsets.tolist(), self._sizes.tolist()):
+            yield ChunkStorageMetadata(torch.Size(o), torch.Size(s))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"ColumnChunks({len(self)} chunks)"
+
+
+class ColumnStorage(Mapping[Any, Any]):
+    """The storage entries of a checkpoint's metadata, ``MetadataIndex -> _StorageInfo``, as
+    the pickled dict maps them (by key and offsets: a ``MetadataIndex``'s ``index`` is only
+    where to look first), made when read."""
+
+    def __init__(
+        self,
+        values: Mapping[Any, Any],
+        per: Mapping[str, tuple[ColumnChunks, Any]],
+        files: Sequence[str],
+    ) -> None:
+        self._values, self._per, self._files = values, per, files
+        self._keys: list[Any] | None = None
+
+    def position(self, fqn: str, offset: Sequence[int], hint: int | None) -> int | None:
+        """Where the chunk of ``fqn`` at ``offset`` is in its chunks, or None."""
+        import numpy as np
+
+        found = self._per.get(fqn)
+        if found is None:
+            return None
+        offsets = found[0].arrays[0]
+        off = tuple(offset)
+        m, nd = offsets.shape
+        if len(off) != nd:
+            return None
+        if type(hint) is int and 0 <= hint < m and tuple(offsets[hint].tolist()) == off:
+            return hint
+        try:
+            at = np.flatnonzero((offsets == np.asarray(off, dtype=np.int64)).all(axis=1))
+        except OverflowError:
+            return None
+        return int(at[0]) if len(at) else None
+
+    def entry(self, fqn: str, position: int) -> tuple[str, int, int] | None:
+        """(file, offset, length) of chunk ``position`` of ``fqn``, or None without one."""
+        f, offset, length = self._per[fqn][1][position].tolist()
+        return None if f < 0 else (self._files[f], offset, length)
+
+    def __getitem__(self, key: Any) -> Any:
+        from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+        offset = getattr(key, "offset", None)
+        if offset is None:
+            return self._values[key]
+        fqn = getattr(key, "fqn", None)
+        if not isinstance(fqn, str):
+            raise KeyError(key)
+        at = self.position(fqn, offset, getattr(key, "index", None))
+        found = self.entry(fqn, at) if at is not None else None
+        if found is None:
+            raise KeyError(key)
+        return _StorageInfo(*found)
+
+    def _all_keys(self) -> list[Any]:
+        if self._keys is None:
+            import torch
+            from torch.distributed.checkpoint.metadata import MetadataIndex
+
+            keys = list(self._values)
+            for fqn, (chunks, entries) in self._per.items():
+                seen: set[tuple[int, ...]] = set()
+                for i, (off, e) in enumerate(zip(chunks.arrays[0].tolist(), entries.tolist())):
+                    if e[0] >= 0 and tuple(off) not in seen:
+                        seen.add(tuple(off))
+                        keys.append(MetadataIndex(fqn, torch.Size(off), i))
+            self._keys = keys
+        return self._keys
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._all_keys())
+
+    def __len__(self) -> int:
+        return len(self._all_keys())
+
+    def __repr__(self) -> str:
+        return f"ColumnStorage({len(self._per)} tensors, {len(self._values)} values)"
+
+
+def _plain_info(info: Any) -> bool:
+    fields = vars(info)
+    return (
+        fields.keys() <= _INFO_FIELDS
+        and fields.get("transform_descriptors") is None
+        and type(info.relative_path) is str
+        and _ints((info.offset, info.length))
+    )
+
+
+def _ints(values: Any) -> bool:
+    """Every value a plain int (no bool, no float) that int64 holds."""
+    return all(type(v) is int and -(2**63) <= v < 2**63 for v in values)
+
+
+def _u64(n: int) -> bytes:
+    return n.to_bytes(8, "little")
+
+
+def _read_u64(view: memoryview, at: int) -> tuple[int, int]:
+    return int.from_bytes(view[at : at + 8], "little"), at + 8

@@ -7,11 +7,11 @@ what it cannot keep exactly it refuses, so that the file's bytes are sent instea
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from shardspec.checkpoint.chunks import ChunkError
 from shardspec.checkpoint.dcp import checked_chunks
@@ -36,12 +36,10 @@ DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex6
 
 def _tiles(shape: tuple[int, ...], cuts: list[list[int]]) -> list[tuple[tuple[int, ...], ...]]:
     """The grid of boxes the cut points make: (offsets, sizes) each."""
-    import itertools
-
     per_dim = []
     for n, cut in zip(shape, cuts):
         points = sorted({0, n, *(c for c in cut if 0 < c < n)})
-        per_dim.append([(a, b - a) for a, b in zip(points, points[1:])] or [(0, 0)])
+        per_dim.append([(a, b - a) for a, b in itertools.pairwise(points)] or [(0, 0)])
     out = []
     for combo in itertools.product(*per_dim):
         out.append((tuple(o for o, _ in combo), tuple(s for _, s in combo)))

@@ -27,7 +27,8 @@ from __future__ import annotations
 import dataclasses
 import pickle
 from collections.abc import Iterator, Mapping, Sequence
-from itertools import chain
+from itertools import chain, repeat
+from operator import attrgetter, methodcaller
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -40,10 +41,17 @@ __all__ = ["ColumnChunks", "ColumnStorage", "decode", "encode"]
 
 _MAGIC = b"shardspec-dcp-columns-1\0"
 _INFO_FIELDS = frozenset({"relative_path", "offset", "length", "transform_descriptors"})
+_FQN, _OFFSET = attrgetter("fqn"), attrgetter("offset")
+_OFFSETS, _SIZES = attrgetter("offsets"), attrgetter("sizes")
+_PATH, _AT, _LENGTH = attrgetter("relative_path"), attrgetter("offset"), attrgetter("length")
+_TRANSFORMS = methodcaller("get", "transform_descriptors")
 
 
 def encode(md: Metadata) -> bytes | None:
-    """``md`` as a skeleton and a table (see the module), or None when an entry is not plain."""
+    """``md`` as a skeleton and a table (see the module), or None when an entry is not plain.
+
+    Rank 0 runs this on every load, on up to millions of entries, so each check is one pass
+    of C-level ``map``/``set`` over a column, not Python code per entry."""
     import numpy as np
     import torch
     from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -57,21 +65,21 @@ def encode(md: Metadata) -> bytes | None:
     sdm, storage = md.state_dict_metadata, md.storage_data
     if type(sdm) is not dict or type(storage) is not dict:
         return None
-    values: dict[Any, Any] = {}
-    by_fqn: dict[str, dict[tuple[int, ...], Any]] = {}
-    for key, info in storage.items():
-        if type(key) is not MetadataIndex or type(key.fqn) is not str:
-            return None
-        if key.offset is None:
-            values[key] = info
-            continue
-        if type(info) is not _StorageInfo or not _plain_info(info):
-            return None
-        by_fqn.setdefault(key.fqn, {})[tuple(key.offset)] = info
+    keys = list(storage)
+    if {*map(type, keys)} - {MetadataIndex} or {*map(type, map(_FQN, keys))} - {str}:
+        return None
+    values = {k: storage[k] for k in keys if k.offset is None}
+    chunk_keys = [k for k in keys if k.offset is not None] if values else keys
+    infos = list(map(storage.__getitem__, chunk_keys))
+    if not _plain_infos(infos, _StorageInfo):
+        return None
+    # (key, offsets) -> entry, as the pickled dict files them (by fqn and offset)
+    entries = dict(zip(zip(map(_FQN, chunk_keys), map(tuple, map(_OFFSET, chunk_keys))), infos))
     files: dict[str, int] = {}
     skeleton: dict[str, Any] = {}
     counts: list[int] = []
     parts: list[Any] = []
+    matched = 0
     for fqn, smd in sdm.items():
         if type(fqn) is not str:
             return None
@@ -82,34 +90,35 @@ def encode(md: Metadata) -> bytes | None:
             return None
         if type(smd.size) is not torch.Size or not _ints(smd.size):
             return None
-        chunks, nd = smd.chunks, len(smd.size)
-        if any(
-            type(c) is not ChunkStorageMetadata
-            or type(c.offsets) is not torch.Size
-            or type(c.sizes) is not torch.Size
-            or len(c.offsets) != nd
-            or len(c.sizes) != nd
-            for c in chunks
+        chunks, nd, m = smd.chunks, len(smd.size), len(smd.chunks)
+        if {*map(type, chunks)} - {ChunkStorageMetadata}:
+            return None
+        offsets, sizes = list(map(_OFFSETS, chunks)), list(map(_SIZES, chunks))
+        if (
+            {*map(type, offsets), *map(type, sizes)} - {torch.Size}
+            or {*map(len, offsets), *map(len, sizes)} - {nd}
+            # bools and floats refused here; a value past int64 makes fromiter raise below
+            or {*map(type, chain.from_iterable(offsets)), *map(type, chain.from_iterable(sizes))}
+            - {int}
         ):
             return None
-        offsets = [tuple(c.offsets) for c in chunks]
-        sizes = [c.sizes for c in chunks]
-        # bools and floats refused here; a value past int64 makes fromiter raise below
-        if {*map(type, chain.from_iterable(offsets)), *map(type, chain.from_iterable(sizes))} - {
-            int
-        }:
-            return None
-        entries = by_fqn.pop(fqn, {})
-        found = [entries.get(o) for o in offsets]
-        if len(entries) != len({o for o, e in zip(offsets, found) if e is not None}):
-            return None  # an entry no chunk names: only the pickle keeps it
-        rows: list[int] = []
-        for e in found:
-            if e is None:
-                rows += (-1, 0, 0)
-            else:
-                rows += (files.setdefault(e.relative_path, len(files)), e.offset, e.length)
-        m = len(chunks)
+        offset_keys = list(map(tuple, offsets))
+        found = list(map(entries.get, zip(repeat(fqn, m), offset_keys)))
+        missing = found.count(None)
+        if missing or len(set(offset_keys)) != m:  # damaged: entry by entry
+            matched += len({o for o, e in zip(offset_keys, found) if e is not None})
+            rows = list(chain.from_iterable(
+                (-1, 0, 0) if e is None
+                else (files.setdefault(e.relative_path, len(files)), e.offset, e.length)
+                for e in found
+            ))  # fmt: skip
+        else:
+            matched += m
+            paths = list(map(_PATH, found))
+            for f in dict.fromkeys(paths):
+                files.setdefault(f, len(files))
+            ids = map(files.__getitem__, paths)
+            rows = list(chain.from_iterable(zip(ids, map(_AT, found), map(_LENGTH, found))))
         try:
             parts += (
                 np.fromiter(chain.from_iterable(offsets), np.int64, m * nd),
@@ -120,8 +129,10 @@ def encode(md: Metadata) -> bytes | None:
             return None
         counts.append(m)
         skeleton[fqn] = dataclasses.replace(smd, chunks=[])
-    if by_fqn or any(not isinstance(sdm.get(k.fqn), BytesStorageMetadata) for k in values):
-        return None  # entries of no saved tensor (or value): only the pickle keeps them
+    if matched != len(entries):
+        return None  # an entry no chunk names: only the pickle keeps it
+    if any(not isinstance(sdm.get(k.fqn), BytesStorageMetadata) for k in values):
+        return None  # a value entry of no saved value
     if any("\0" in f for f in files):
         return None
     head = pickle.dumps(
@@ -301,13 +312,18 @@ class ColumnStorage(Mapping[Any, Any]):
         return f"ColumnStorage({len(self._per)} tensors, {len(self._values)} values)"
 
 
-def _plain_info(info: Any) -> bool:
-    fields = vars(info)
+def _plain_infos(infos: list[Any], cls: type) -> bool:
+    """Every entry a plain ``_StorageInfo``: no other class, no attribute of its own beyond
+    its fields (the readers ask for some by ``getattr``), no transform, a str path, int
+    offset and length (their range is checked when the table is built)."""
+    if {*map(type, infos)} - {cls}:
+        return False
+    fields = list(map(vars, infos))
     return (
-        fields.keys() <= _INFO_FIELDS
-        and fields.get("transform_descriptors") is None
-        and type(info.relative_path) is str
-        and _ints((info.offset, info.length))
+        set().union(*fields) <= _INFO_FIELDS
+        and list(map(_TRANSFORMS, fields)).count(None) == len(fields)
+        and not {*map(type, map(_PATH, infos))} - {str}
+        and not {*map(type, map(_AT, infos)), *map(type, map(_LENGTH, infos))} - {int}
     )
 
 

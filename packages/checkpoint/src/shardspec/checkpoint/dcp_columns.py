@@ -25,6 +25,7 @@ the file's bytes, which every rank unpickles, as before.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pickle
 from collections.abc import Iterator, Mapping, Sequence
 from itertools import chain, repeat
@@ -43,6 +44,7 @@ _MAGIC = b"shardspec-dcp-columns-1\0"
 _INFO_FIELDS = frozenset({"relative_path", "offset", "length", "transform_descriptors"})
 _FQN, _OFFSET = attrgetter("fqn"), attrgetter("offset")
 _OFFSETS, _SIZES = attrgetter("offsets"), attrgetter("sizes")
+_SIZE, _CHUNKS = attrgetter("size"), attrgetter("chunks")
 _PATH, _AT, _LENGTH = attrgetter("relative_path"), attrgetter("offset"), attrgetter("length")
 _TRANSFORMS = methodcaller("get", "transform_descriptors")
 
@@ -50,8 +52,9 @@ _TRANSFORMS = methodcaller("get", "transform_descriptors")
 def encode(md: Metadata) -> bytes | None:
     """``md`` as a skeleton and a table (see the module), or None when an entry is not plain.
 
-    Rank 0 runs this on every load, on up to millions of entries, so each check is one pass
-    of C-level ``map``/``set`` over a column, not Python code per entry."""
+    Rank 0 runs this on every load, on up to millions of chunks of thousands of tensors, so
+    each check is one C-level pass (``map``, ``set``) over a column of all the chunks, not
+    Python code per chunk or per tensor."""
     import numpy as np
     import torch
     from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -63,7 +66,7 @@ def encode(md: Metadata) -> bytes | None:
     )
 
     sdm, storage = md.state_dict_metadata, md.storage_data
-    if type(sdm) is not dict or type(storage) is not dict:
+    if type(sdm) is not dict or type(storage) is not dict or not _fields_known():
         return None
     keys = list(storage)
     if {*map(type, keys)} - {MetadataIndex} or {*map(type, map(_FQN, keys))} - {str}:
@@ -75,74 +78,77 @@ def encode(md: Metadata) -> bytes | None:
         return None
     # (key, offsets) -> entry, as the pickled dict files them (by fqn and offset)
     entries = dict(zip(zip(map(_FQN, chunk_keys), map(tuple, map(_OFFSET, chunk_keys))), infos))
+
+    if {*map(type, sdm)} - {str} or {*map(type, sdm.values())} - {
+        TensorStorageMetadata,
+        BytesStorageMetadata,
+    }:
+        return None
+    fqns = [f for f, smd in sdm.items() if type(smd) is TensorStorageMetadata]
+    smds: list[Any] = list(map(sdm.__getitem__, fqns))
+    shapes = list(map(_SIZE, smds))
+    if {*map(type, map(_CHUNKS, smds))} - {list} or {*map(type, shapes)} - {torch.Size}:
+        return None
+    if not _ints(chain.from_iterable(shapes)):
+        return None
+    ndims, counts = list(map(len, shapes)), list(map(len, map(_CHUNKS, smds)))
+    chunks = list(chain.from_iterable(map(_CHUNKS, smds)))
+    if {*map(type, chunks)} - {ChunkStorageMetadata}:
+        return None
+    offsets, sizes = list(map(_OFFSETS, chunks)), list(map(_SIZES, chunks))
+    if {*map(type, offsets), *map(type, sizes)} - {torch.Size}:
+        return None
+    want = list(chain.from_iterable(map(repeat, ndims, counts)))  # each chunk's tensor's ndim
+    if list(map(len, offsets)) != want or list(map(len, sizes)) != want:
+        return None
+    # bools and floats refused here; a value past int64 makes fromiter raise below
+    if {*map(type, chain.from_iterable(offsets)), *map(type, chain.from_iterable(sizes))} - {int}:
+        return None
+    owners = list(chain.from_iterable(map(repeat, fqns, counts)))
+    at = list(zip(owners, map(tuple, offsets)))
+    found = list(map(entries.get, at))
     files: dict[str, int] = {}
-    skeleton: dict[str, Any] = {}
-    counts: list[int] = []
-    parts: list[Any] = []
-    matched = 0
-    for fqn, smd in sdm.items():
-        if type(fqn) is not str:
+    if None in found or len(set(at)) != len(at):  # damaged: entry by entry
+        if len({a for a, e in zip(at, found) if e is not None}) != len(entries):
+            return None  # an entry no chunk names: only the pickle keeps it
+        rows = list(chain.from_iterable(
+            (-1, 0, 0) if e is None
+            else (files.setdefault(e.relative_path, len(files)), e.offset, e.length)
+            for e in found
+        ))  # fmt: skip
+    else:
+        if len(found) != len(entries):
             return None
-        if type(smd) is BytesStorageMetadata:
-            skeleton[fqn] = smd
-            continue
-        if type(smd) is not TensorStorageMetadata or type(smd.chunks) is not list:
-            return None
-        if type(smd.size) is not torch.Size or not _ints(smd.size):
-            return None
-        chunks, nd, m = smd.chunks, len(smd.size), len(smd.chunks)
-        if {*map(type, chunks)} - {ChunkStorageMetadata}:
-            return None
-        offsets, sizes = list(map(_OFFSETS, chunks)), list(map(_SIZES, chunks))
-        if (
-            {*map(type, offsets), *map(type, sizes)} - {torch.Size}
-            or {*map(len, offsets), *map(len, sizes)} - {nd}
-            # bools and floats refused here; a value past int64 makes fromiter raise below
-            or {*map(type, chain.from_iterable(offsets)), *map(type, chain.from_iterable(sizes))}
-            - {int}
-        ):
-            return None
-        offset_keys = list(map(tuple, offsets))
-        found = list(map(entries.get, zip(repeat(fqn, m), offset_keys)))
-        missing = found.count(None)
-        if missing or len(set(offset_keys)) != m:  # damaged: entry by entry
-            matched += len({o for o, e in zip(offset_keys, found) if e is not None})
-            rows = list(chain.from_iterable(
-                (-1, 0, 0) if e is None
-                else (files.setdefault(e.relative_path, len(files)), e.offset, e.length)
-                for e in found
-            ))  # fmt: skip
-        else:
-            matched += m
-            paths = list(map(_PATH, found))
-            for f in dict.fromkeys(paths):
-                files.setdefault(f, len(files))
-            ids = map(files.__getitem__, paths)
-            rows = list(chain.from_iterable(zip(ids, map(_AT, found), map(_LENGTH, found))))
-        try:
-            parts += (
-                np.fromiter(chain.from_iterable(offsets), np.int64, m * nd),
-                np.fromiter(chain.from_iterable(sizes), np.int64, m * nd),
-                np.fromiter(rows, np.int64, 3 * m),
-            )
-        except OverflowError:
-            return None
-        counts.append(m)
-        skeleton[fqn] = dataclasses.replace(smd, chunks=[])
-    if matched != len(entries):
-        return None  # an entry no chunk names: only the pickle keeps it
+        paths = list(map(_PATH, found))
+        for f in dict.fromkeys(paths):
+            files[f] = len(files)
+        rows = list(chain.from_iterable(
+            zip(map(files.__getitem__, paths), map(_AT, found), map(_LENGTH, found))
+        ))  # fmt: skip
     if any(not isinstance(sdm.get(k.fqn), BytesStorageMetadata) for k in values):
         return None  # a value entry of no saved value
     if any("\0" in f for f in files):
         return None
+    n = sum(map(len, offsets))
+    try:
+        table = np.concatenate(
+            [
+                np.asarray(counts, dtype=np.int64),
+                np.fromiter(chain.from_iterable(offsets), np.int64, n),
+                np.fromiter(chain.from_iterable(sizes), np.int64, n),
+                np.fromiter(rows, np.int64, 3 * len(chunks)),
+            ]
+        )
+    except OverflowError:
+        return None
+    empty = [TensorStorageMetadata(s.properties, s.size, []) for s in smds]
+    skeleton = {**sdm, **dict(zip(fqns, empty))}
     head = pickle.dumps(
         dataclasses.replace(md, state_dict_metadata=skeleton, storage_data=values), protocol=4
     )
     names = "\0".join(files).encode("utf-8", "surrogatepass")
-    table = np.concatenate([np.asarray(counts, dtype=np.int64), *parts]) if counts else None
     out = [_MAGIC, _u64(len(head)), head, _u64(len(names)), names, _u64(len(counts))]
-    if table is not None:
-        out.append(table.astype("<i8").tobytes())
+    out.append(table.astype("<i8").tobytes())
     return b"".join(out)
 
 
@@ -166,28 +172,48 @@ def decode(blob: bytes, where: Path) -> Metadata:
     files = names.split("\0") if n else []
     at += n
     count, at = _read_u64(view, at)
-    table = np.frombuffer(blob, dtype="<i8", offset=at) if count else np.zeros(0, np.int64)
-    counts = table[:count].tolist()
-    pos = count
-    sdm: dict[str, Any] = {}
-    per: dict[str, tuple[ColumnChunks, Any]] = {}
-    tensors = iter(counts)
-    for fqn, smd in skeleton.state_dict_metadata.items():
-        if not isinstance(smd, TensorStorageMetadata):
-            sdm[fqn] = smd
-            continue
-        m, nd = next(tensors), len(smd.size)
-        offsets = table[pos : pos + m * nd].reshape(m, nd)
-        sizes = table[pos + m * nd : pos + 2 * m * nd].reshape(m, nd)
-        entries = table[pos + 2 * m * nd : pos + (2 * nd + 3) * m].reshape(m, 3)
-        pos += (2 * nd + 3) * m
-        chunks = ColumnChunks(offsets, sizes)
-        per[fqn] = (chunks, entries)
-        sdm[fqn] = dataclasses.replace(smd, chunks=cast(Any, chunks))
-    if pos != len(table) or next(tensors, None) is not None:
+    table = np.frombuffer(blob, dtype="<i8", offset=at)
+    tensors = [
+        (f, smd)
+        for f, smd in skeleton.state_dict_metadata.items()
+        if isinstance(smd, TensorStorageMetadata)
+    ]
+    if count != len(tensors) or len(table) < count:
         raise ValueError(f"{where}: the metadata rank 0 sent has a table of the wrong length")
+    fqns, smds = [f for f, _ in tensors], [smd for _, smd in tensors]
+    counts = table[:count]
+    ndims = np.fromiter(map(len, map(_SIZE, smds)), np.int64, count)
+    spans = counts * ndims
+    n = int(spans.sum())
+    m = int(counts.sum())
+    if len(table) != count + 2 * n + 3 * m:
+        raise ValueError(f"{where}: the metadata rank 0 sent has a table of the wrong length")
+    ends = np.cumsum(spans).tolist()
+    stops = np.cumsum(counts).tolist()
+    offsets = table[count : count + n]
+    sizes = table[count + n : count + 2 * n]
+    entries = table[count + 2 * n :].reshape(m, 3)
+    sdm = dict(skeleton.state_dict_metadata)
+    per: dict[str, tuple[ColumnChunks, Any]] = {}
+    begin = start = 0
+    for fqn, smd, end, stop, nd in zip(fqns, smds, ends, stops, ndims.tolist()):
+        k = stop - start
+        chunks = ColumnChunks(offsets[begin:end].reshape(k, nd), sizes[begin:end].reshape(k, nd))
+        per[fqn] = (chunks, entries[start:stop])
+        sdm[fqn] = TensorStorageMetadata(smd.properties, smd.size, cast(Any, chunks))
+        begin, start = end, stop
     storage = ColumnStorage(skeleton.storage_data or {}, per, files)
     return dataclasses.replace(skeleton, state_dict_metadata=sdm, storage_data=storage)
+
+
+@functools.cache
+def _fields_known() -> bool:
+    """Whether ``TensorStorageMetadata`` has the fields this encoding rebuilds it from (a later
+    torch that adds one gets the file's bytes, not a skeleton that drops it)."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    names = [f.name for f in dataclasses.fields(TensorStorageMetadata)]
+    return names == ["properties", "size", "chunks"]
 
 
 class ColumnChunks(Sequence[Any]):

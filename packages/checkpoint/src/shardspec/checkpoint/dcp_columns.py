@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import pickle
 from collections.abc import Iterator, Mapping, Sequence
-from itertools import chain, repeat
+from itertools import chain, compress, repeat
 from operator import attrgetter, methodcaller
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -71,13 +72,19 @@ def encode(md: Metadata) -> bytes | None:
     keys = list(storage)
     if {*map(type, keys)} - {MetadataIndex} or {*map(type, map(_FQN, keys))} - {str}:
         return None
-    values = {k: storage[k] for k in keys if k.offset is None}
-    chunk_keys = [k for k in keys if k.offset is not None] if values else keys
-    infos = list(map(storage.__getitem__, chunk_keys))
+    # a dict lookup by MetadataIndex runs its Python __hash__: the entries are read in order
+    infos, key_offsets = list(storage.values()), list(map(_OFFSET, keys))
+    values: dict[Any, Any] = {}
+    if None in key_offsets:  # the non-tensor values' entries, set apart
+        is_value = list(map(operator.is_, key_offsets, repeat(None)))
+        values = dict(compress(zip(keys, infos), is_value))
+        kept = list(map(operator.not_, is_value))
+        keys, infos = list(compress(keys, kept)), list(compress(infos, kept))
+        key_offsets = list(compress(key_offsets, kept))
     if not _plain_infos(infos, _StorageInfo):
         return None
     # (key, offsets) -> entry, as the pickled dict files them (by fqn and offset)
-    entries = dict(zip(zip(map(_FQN, chunk_keys), map(tuple, map(_OFFSET, chunk_keys))), infos))
+    entries = dict(zip(zip(map(_FQN, keys), map(tuple, key_offsets)), infos))
 
     if {*map(type, sdm)} - {str} or {*map(type, sdm.values())} - {
         TensorStorageMetadata,
@@ -108,7 +115,9 @@ def encode(md: Metadata) -> bytes | None:
     at = list(zip(owners, map(tuple, offsets)))
     found = list(map(entries.get, at))
     files: dict[str, int] = {}
-    if None in found or len(set(at)) != len(at):  # damaged: entry by entry
+    # (`None in found` would compare by the entries' Python __eq__; two chunks at one offset
+    # find one entry twice, as would two keys pickled as one object: both go entry by entry)
+    if type(None) in {*map(type, found)} or len({*map(id, found)}) != len(found):
         if len({a for a, e in zip(at, found) if e is not None}) != len(entries):
             return None  # an entry no chunk names: only the pickle keeps it
         rows = list(chain.from_iterable(
@@ -345,9 +354,14 @@ def _plain_infos(infos: list[Any], cls: type) -> bool:
     if {*map(type, infos)} - {cls}:
         return False
     fields = list(map(vars, infos))
+    names = set().union(*fields)
     return (
-        set().union(*fields) <= _INFO_FIELDS
-        and list(map(_TRANSFORMS, fields)).count(None) == len(fields)
+        names <= _INFO_FIELDS
+        # DCP pickles no transform_descriptors field where there are none
+        and (
+            "transform_descriptors" not in names
+            or list(map(_TRANSFORMS, fields)).count(None) == len(fields)
+        )
         and not {*map(type, map(_PATH, infos))} - {str}
         and not {*map(type, map(_AT, infos)), *map(type, map(_LENGTH, infos))} - {int}
     )

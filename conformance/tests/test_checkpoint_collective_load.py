@@ -136,6 +136,28 @@ MANY_CHUNKS = {
     "damage": None,
 }
 
+# Two saved chunks of 300 KiB each (past the 256 KiB a rank reads whole), loaded as columns on
+# 2 ranks: each rank's reads go through the reader, which finds each chunk's storage entry in
+# the metadata rank 0 sent as columns (CKPT-23) by key and offsets.
+BIG_CHUNKS = {
+    "save_world": 2,
+    "load_world": 2,
+    "saved": Layout(
+        (1200, 128), [Shard(Box((0, 0), (600, 128)), 0), Shard(Box((600, 0), (600, 128)), 1)]
+    ),
+    "load": {
+        "kind": "sharded",
+        "layout": layout_to_json(
+            Layout(
+                (1200, 128), [Shard(Box((0, 0), (1200, 64)), 0), Shard(Box((0, 64), (1200, 64)), 1)]
+            )
+        ),
+    },
+    "tensor": torch.arange(1200 * 128, dtype=torch.float32).reshape(1200, 128),
+    "reads": "own",
+    "damage": None,
+}
+
 
 def _examples(test: Any) -> Any:
     """The explicit examples, on pools of 2 to 4 ranks; on simulated worlds
@@ -150,6 +172,7 @@ def _examples(test: Any) -> Any:
         TRUNCATED_ONCE,
         ROWS_TO_PLAIN_ONCE,
         MANY_CHUNKS,
+        BIG_CHUNKS,
     ):
         test = example(ex)(test)
     return test

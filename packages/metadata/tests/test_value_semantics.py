@@ -346,3 +346,75 @@ def test_box_arrays_of_a_small_layout_and_of_values_past_int64() -> None:
     huge = 2**64
     with pytest.raises(LayoutError, match="does not fit int64"):
         Layout((huge,), [Shard(Box((0,), (huge,)), 0)]).box_arrays()
+
+
+def _array_layout(layout: Layout) -> Layout:
+    """``layout`` rebuilt from int64 arrays, as a checkpoint's saved chunks arrive from the
+    metadata's column encoding (the rows are read from the arrays when asked)."""
+    import numpy as np
+
+    from shardspec.metadata.columns import ArrayRows, array_columns
+
+    offsets = np.array([s.box.offsets for s in layout.shards], dtype=np.int64)
+    sizes = np.array([s.box.sizes for s in layout.shards], dtype=np.int64)
+    ranks = np.array([s.rank for s in layout.shards], dtype=np.int64)
+    columns = array_columns(offsets, sizes, ranks, layout.shape)
+    assert columns is not None
+    offsets[0, 0] = 99  # the columns are copies: changing the arrays after does not move them
+    lazy = Layout._from_plain(layout.shape, ArrayRows(offsets), ArrayRows(sizes), columns)
+    offsets[0, 0] = layout.shards[0].box.offsets[0]
+    return lazy
+
+
+@pytest.mark.rule("LAYOUT-9", "LAYOUT-5")
+def test_a_layout_built_from_arrays_answers_as_the_same_layout_written_out() -> None:
+    layout = _grid(10, 10, world=3)
+    lazy = _array_layout(layout)
+    assert lazy.box_arrays()[0][0].tolist() == list(layout.shards[0].box.offsets)
+    for r in (2, 0, 5):
+        assert lazy.shards_of(r) == layout.shards_of(r)
+    assert lazy.validate() is lazy
+    assert lazy == layout and hash(lazy) == hash(layout)
+    assert lazy.fingerprint() == layout.fingerprint()
+    assert type(lazy.shards[37].box.offsets[0]) is int  # plain ints, not NumPy scalars
+
+
+@pytest.mark.rule("LAYOUT-9")
+def test_array_rows_read_as_the_list_of_tuples() -> None:
+    import numpy as np
+
+    from shardspec.metadata.columns import ArrayRows
+
+    a = np.arange(12, dtype=np.int64).reshape(4, 3)
+    rows = ArrayRows(a)
+    want = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (9, 10, 11)]
+    assert len(rows) == 4 and list(rows) == want
+    assert rows[2] == want[2] and rows[-1] == want[-1] and rows[1:3] == want[1:3]
+    assert type(rows[0][0]) is int
+    with pytest.raises(IndexError):
+        rows[4]
+
+
+@pytest.mark.rule("LAYOUT-9", "LAYOUT-6")
+def test_array_columns_refuse_what_plain_columns_refuses() -> None:
+    import numpy as np
+
+    from shardspec.metadata.columns import INT_LIMIT, array_columns
+
+    def cols(offs: list[list[int]], sizes: list[list[int]], ranks: list[int]) -> object:
+        return array_columns(
+            np.array(offs, dtype=np.int64).reshape(len(ranks), 2),
+            np.array(sizes, dtype=np.int64).reshape(len(ranks), 2),
+            np.array(ranks, dtype=np.int64),
+            (4, 6),
+        )
+
+    assert cols([[0, 0], [0, 3]], [[4, 3], [4, 3]], [0, 1]) is not None
+    assert cols([[0, 0], [0, 4]], [[4, 3], [4, 3]], [0, 1]) is None  # leaves the shape
+    assert cols([[0, -1], [0, 3]], [[4, 3], [4, 3]], [0, 1]) is None  # negative offset
+    assert cols([[0, 0], [0, 3]], [[4, 3], [4, -3]], [0, 1]) is None  # negative size
+    assert cols([[0, 0], [0, 3]], [[4, 3], [4, 3]], [0, -1]) is None  # negative rank
+    assert cols([[0, 0], [0, 3]], [[4, 3], [4, 3]], [0, INT_LIMIT + 1]) is None
+    assert cols([], [], []) is None  # no boxes: the per-box path
+    wrong = np.zeros((2, 3), dtype=np.int64)  # three dims for a 2-D shape
+    assert array_columns(wrong, wrong, np.array([0, 1]), (4, 6)) is None

@@ -230,7 +230,6 @@ class ColumnChunks(Sequence[Any]):
     arrays; each made when read. :attr:`arrays` gives the arrays themselves (read-only)."""
 
     __slots__ = ("_offsets", "_sizes")
-    __hash__ = None  # type: ignore[assignment]  # equal to the list it stands for, as a list
 
     def __init__(self, offsets: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) -> None:
         self._offsets, self._sizes = offsets, sizes
@@ -251,21 +250,6 @@ class ColumnChunks(Sequence[Any]):
         return ChunkStorageMetadata(
             torch.Size(self._offsets[i].tolist()), torch.Size(self._sizes[i].tolist())
         )
-
-    def __iter__(self) -> Iterator[Any]:
-        import torch
-        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
-
-        for o, s in zip(self._offsets.tolist(), self._sizes.tolist()):
-            yield ChunkStorageMetadata(torch.Size(o), torch.Size(s))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence):
-            return NotImplemented
-        return list(self) == list(other)
-
-    def __repr__(self) -> str:
-        return f"ColumnChunks({len(self)} chunks)"
 
 
 class ColumnStorage(Mapping[Any, Any]):
@@ -342,9 +326,6 @@ class ColumnStorage(Mapping[Any, Any]):
 
     def __len__(self) -> int:
         return len(self._all_keys())
-
-    def __repr__(self) -> str:
-        return f"ColumnStorage({len(self._per)} tensors, {len(self._values)} values)"
 
 
 def _plain_infos(infos: list[Any], cls: type) -> bool:

@@ -170,12 +170,9 @@ def chunk_array_verdict(
     culprits as there."""
     import numpy as np
 
-    try:
-        shape_t = tuple(_saved_size(n) for n in shape)
-    except (TypeError, ValueError):
-        shape_t = None
+    shape_t = tuple(map(int, shape))  # the encoding holds a torch.Size of plain ints
     m = len(offsets)
-    if shape_t is not None and m >= COLUMNS_FROM and min(shape_t, default=0) >= 0:
+    if m >= COLUMNS_FROM and min(shape_t, default=0) >= 0:
         columns = array_columns(offsets, sizes, np.arange(m, dtype=np.int64), shape_t)
         if columns is not None and len(np.unique(offsets, axis=0)) == m:
             fast = Layout._from_plain(shape_t, ArrayRows(offsets), ArrayRows(sizes), columns)

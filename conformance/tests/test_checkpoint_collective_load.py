@@ -136,21 +136,31 @@ MANY_CHUNKS = {
     "damage": None,
 }
 
+# From 4 ranks rank 0 sends the metadata as columns (CKPT-23). The 80 chunks above loaded on 4:
+# checked from the columns' arrays, each rank's chunks found by position.
+MANY_CHUNKS_ON_4 = {
+    **MANY_CHUNKS,
+    "load_world": 4,
+    "load": {
+        "kind": "sharded",
+        "layout": layout_to_json(
+            Layout((80, 2), [Shard(Box((i, 0), (1, 2)), (i * 3) % 4) for i in range(80)])
+        ),
+    },
+}
 # Two saved chunks of 300 KiB each (past the 256 KiB a rank reads whole), loaded as columns on
-# 2 ranks: each rank's reads go through the reader, which finds each chunk's storage entry in
-# the metadata rank 0 sent as columns (CKPT-23) by key and offsets.
-BIG_CHUNKS = {
+# 4 ranks: each rank's reads go through the reader, which finds each chunk's storage entry in
+# the column encoding by key and offsets.
+BIG_CHUNKS_ON_4 = {
     "save_world": 2,
-    "load_world": 2,
+    "load_world": 4,
     "saved": Layout(
         (1200, 128), [Shard(Box((0, 0), (600, 128)), 0), Shard(Box((600, 0), (600, 128)), 1)]
     ),
     "load": {
         "kind": "sharded",
         "layout": layout_to_json(
-            Layout(
-                (1200, 128), [Shard(Box((0, 0), (1200, 64)), 0), Shard(Box((0, 64), (1200, 64)), 1)]
-            )
+            Layout((1200, 128), [Shard(Box((0, 32 * r), (1200, 32)), r) for r in range(4)])
         ),
     },
     "tensor": torch.arange(1200 * 128, dtype=torch.float32).reshape(1200, 128),
@@ -172,7 +182,8 @@ def _examples(test: Any) -> Any:
         TRUNCATED_ONCE,
         ROWS_TO_PLAIN_ONCE,
         MANY_CHUNKS,
-        BIG_CHUNKS,
+        MANY_CHUNKS_ON_4,
+        BIG_CHUNKS_ON_4,
     ):
         test = example(ex)(test)
     return test

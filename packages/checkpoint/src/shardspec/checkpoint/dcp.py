@@ -42,7 +42,6 @@ import dataclasses
 import functools
 import hashlib
 import math
-import weakref
 from collections import ChainMap
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -292,15 +291,15 @@ def chunk_overlaps(
 
 # The index of each saved-chunk layout, by identity: the tensors of a model that share a
 # chunking share its checked layout (_CHECKED), so one index serves all. An index holds its
-# layout, so the cache is bounded, not weak; the weakref only tells a reused id apart.
-_INDEXES: dict[int, tuple[weakref.ref[Layout], tuple[Any, list[int], BoxIndex]]] = {}
+# layout (so no other object can take its id while the entry lives): the cache is bounded.
+_INDEXES: dict[int, tuple[Layout, tuple[Any, list[int], BoxIndex]]] = {}
 _INDEXES_MAX = 64
 
 
 def _index_of(src: Layout) -> tuple[Any, list[int], BoxIndex]:
     """(positions of the non-empty chunks as an array and a list, their BoxIndex)."""
     hit = _INDEXES.get(id(src))
-    if hit is not None and hit[0]() is src:
+    if hit is not None and hit[0] is src:
         return hit[1]
     import numpy as np
 
@@ -316,7 +315,7 @@ def _index_of(src: Layout) -> tuple[Any, list[int], BoxIndex]:
     found = (kept_at, kept, index)
     if len(_INDEXES) >= _INDEXES_MAX:
         _INDEXES.clear()
-    _INDEXES[id(src)] = (weakref.ref(src), found)
+    _INDEXES[id(src)] = (src, found)
     return found
 
 

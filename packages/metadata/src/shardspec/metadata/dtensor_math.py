@@ -19,11 +19,17 @@ import math
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .box import Box
 from .chunk import chunk_bounds
+from .columns import COLUMNS_FROM, INT_LIMIT, ArrayRows, array_columns
 from .errors import ConversionError
 from .layout import Layout, Shard
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 __all__ = [
     "DimRuns",
@@ -219,12 +225,108 @@ def mesh_layout(
 ) -> Layout:
     """Every mesh coordinate's boxes (row-major over the mesh), owned by its rank."""
     _check(shape, mesh_shape, splits)
+    if len(ranks) >= COLUMNS_FROM:
+        built = _mesh_columns(tuple(shape), tuple(mesh_shape), ranks, splits)
+        if built is not None:
+            return built
+    return _mesh_boxes(shape, mesh_shape, ranks, splits)
+
+
+def _mesh_boxes(
+    shape: Sequence[int],
+    mesh_shape: Sequence[int],
+    ranks: Sequence[int],
+    splits: Sequence[Split | None],
+) -> Layout:
+    """:func:`mesh_layout` box by box: the reference the column build is checked against."""
     tables = [dim_pieces(n, mesh_shape, splits, d) for d, n in enumerate(shape)]
     shards: list[Shard] = []
     for flat, coord in enumerate(itertools.product(*(range(k) for k in mesh_shape))):
         pieces = [table[tuple(coord[m] for m in mesh_dims)] for mesh_dims, table in tables]
         shards.extend(Shard(b, ranks[flat]) for b in _grid(pieces))
     return Layout(shape, shards)
+
+
+def _mesh_columns(
+    shape: tuple[int, ...],
+    mesh_shape: tuple[int, ...],
+    ranks: Sequence[int],
+    splits: Sequence[Split | None],
+) -> Layout | None:
+    """:func:`mesh_layout` as int64 columns, one NumPy pass per tensor dim, when every
+    coordinate holds one box; None otherwise (a ``_StridedShard`` piece of several runs, a value
+    past int64, ranks that are not one plain int per coordinate), and the box build runs.
+
+    Why: a job of W ranks builds each DTensor's layout of W boxes on every rank, and box by
+    box that is 10 ms at W = 1024 (spec/09-checkpoint.md, "Measured"); as columns it is a few
+    NumPy calls, and the layout makes Shard objects only for the ranks asked about."""
+    import numpy as np
+
+    w = math.prod(mesh_shape)
+    if len(ranks) != w or any(n > INT_LIMIT for n in shape):
+        return None
+    if set(map(type, ranks)) != {int}:
+        return None
+    coords = np.indices(mesh_shape, dtype=np.int64).reshape(len(mesh_shape), w)
+    offs = np.zeros((w, len(shape)), dtype=np.int64)
+    sizes = np.empty((w, len(shape)), dtype=np.int64)
+    for d, n in enumerate(shape):
+        mesh_dims = [m for m, s in enumerate(splits) if s is not None and s.dim == d]
+        table = _dim_columns(n, mesh_shape, splits, d, mesh_dims)
+        if table is None:
+            return None
+        t_off, t_size = table
+        if mesh_dims:
+            at = np.ravel_multi_index(
+                tuple(coords[m] for m in mesh_dims), tuple(mesh_shape[m] for m in mesh_dims)
+            )
+            offs[:, d], sizes[:, d] = t_off[at], t_size[at]
+        else:
+            sizes[:, d] = n
+    try:
+        rks = np.fromiter(ranks, dtype=np.int64, count=w)
+    except OverflowError:
+        return None
+    columns = array_columns(offs, sizes, rks, shape)
+    if columns is None:
+        return None
+    return Layout._from_plain(shape, ArrayRows(offs), ArrayRows(sizes), columns)
+
+
+def _dim_columns(
+    n: int,
+    mesh_shape: tuple[int, ...],
+    splits: Sequence[Split | None],
+    dim: int,
+    mesh_dims: list[int],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None:
+    """:func:`dim_pieces` of one tensor dim as (offset, size) arrays in the same row-major
+    order over ``mesh_dims``; None when a piece has several runs (no one box per coordinate)."""
+    import numpy as np
+
+    if any(s is not None and s.split_factor != 1 for s in (splits[m] for m in mesh_dims)):
+        # _StridedShard: its table has one piece per combination of the mesh dims that cut this
+        # tensor dim (a TP or FSDP degree, not W); one box each only if every piece is one run
+        _, table = dim_pieces(n, mesh_shape, splits, dim)
+        if any(len(p.runs) > 1 for p in table.values()):
+            return None
+        pieces = list(table.values())
+        return (
+            np.array([p.runs[0][0] if p.runs else p.end for p in pieces], dtype=np.int64),
+            np.array([p.size for p in pieces], dtype=np.int64),
+        )
+    off = np.zeros(1, dtype=np.int64)
+    size = np.full(1, n, dtype=np.int64)
+    for m in mesh_dims:
+        # torch.chunk of each parent piece into k (CHUNK-1); an empty child sits at its
+        # parent's end (CHUNK-2 in the parent's frame), as _positions_to_piece puts it
+        i = np.arange(mesh_shape[m], dtype=np.int64)[None, :]
+        step = -(-size // mesh_shape[m])[:, None]
+        lo = np.minimum(i * step, size[:, None])
+        hi = np.minimum((i + 1) * step, size[:, None])
+        off = np.where(hi > lo, off[:, None] + lo, (off + size)[:, None]).ravel()
+        size = (hi - lo).ravel()
+    return off, size
 
 
 def local_slices(boxes: Sequence[Box]) -> list[tuple[slice, ...]]:

@@ -49,8 +49,11 @@ another: a rank's wall time there is W ranks' work. What is reported per rank is
 ``load``'s phase clock is pointed at the thread's CPU clock for this case, and ``dcp.load``
 (ours, which reads 1.3 KiB per rank here) is timed with it around the call. The threaded
 group does a collective's copies on one thread: the mean over ranks charges each rank its
-share, as a real all-gather would. Caches of one process (layouts, chunk checks) are shared
-by the threads, so a real rank does somewhat more than its simulated thread.
+share, as a real all-gather would. The process caches whose entries grow with W (destination
+layouts, saved-chunk checks, chunk indexes) are kept per thread for this case, so each
+simulated rank builds its own, as a real rank does on its first load. Besides the mean, the
+99th percentile and the most of the ranks other than rank 0 are shown; the verdict takes the
+percentile, since the most of W - 1 noisy samples grows with W at any fixed spread.
 
 Other jobs may share the machine: run under the timing lock, and read the ratios::
 
@@ -67,6 +70,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -330,13 +334,59 @@ def sim_checkpoint(path: str, world: int) -> None:
     reshard_checkpoint(path + "-whole", path, layouts=dict.fromkeys(whole, lay), progress="never")
 
 
+class _PerRank(dict[Any, Any]):
+    """A process cache kept per thread: each rank of a simulated world fills its own, as each
+    process of a real job does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._local = threading.local()
+
+    def _mine(self) -> dict[Any, Any]:
+        mine = getattr(self._local, "cache", None)
+        if mine is None:
+            mine = self._local.cache = {}
+        return mine
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self._mine().get(key, default)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._mine()[key] = value
+
+    def __len__(self) -> int:
+        return len(self._mine())
+
+    def clear(self) -> None:
+        self._mine().clear()
+
+
+def _per_rank_memo(fn: Callable[..., Any]) -> Callable[..., Any]:
+    cache = _PerRank()
+
+    def memo(*args: Any) -> Any:
+        hit = cache.get(args)
+        if hit is None:
+            hit = cache[args] = fn(*args)
+        return hit
+
+    return memo
+
+
 def measure_scale(tmp: Path, worlds: tuple[int, ...], dcp_upto: int) -> list[dict[str, Any]]:
     import shardspec.checkpoint.collective_load as load_module
+    import shardspec.checkpoint.dcp as dcp_module
+    import shardspec.metadata.dtensor as dtensor_module
     from shardspec.testing.simulated import get_simulated_pool, shutdown_simulated
 
     fn = f"{Path(__file__).stem}:sim_load"
     rows = []
     load_module.time = _ThreadClock  # type: ignore[assignment]
+    # A real rank builds these once per process; the threads of a simulated world would
+    # share them, so each thread keeps its own.
+    saved = (dtensor_module._cached_mesh_layout, dcp_module._CHECKED, dcp_module._INDEXES)
+    dtensor_module._cached_mesh_layout = _per_rank_memo(dtensor_module.mesh_layout)  # type: ignore[assignment]
+    dcp_module._CHECKED, dcp_module._INDEXES = _PerRank(), _PerRank()  # type: ignore[assignment]
     try:
         for w in worlds:
             path = str(tmp / f"sim-{w}")
@@ -355,6 +405,7 @@ def measure_scale(tmp: Path, worlds: tuple[int, ...], dcp_upto: int) -> list[dic
             print(f"  scale: W={w} done", file=sys.stderr, flush=True)
     finally:
         load_module.time = time  # type: ignore[assignment]
+        (dtensor_module._cached_mesh_layout, dcp_module._CHECKED, dcp_module._INDEXES) = saved  # type: ignore[assignment]
         shutdown_simulated()
     return rows
 
@@ -505,18 +556,20 @@ def report(rows: list[tuple[str, dict[str, Any]]], offline: list[tuple[str, floa
 
 
 def report_scale(rows: list[dict[str, Any]], dcp_upto: int) -> list[tuple[int, float, float]]:
-    """Print the ``scale`` table; (W, load's metadata+plan CPU: the mean over ranks, the most
-    of any rank but rank 0) per world."""
+    """Print the ``scale`` table; (W, load's metadata+plan CPU: the mean over ranks, the 99th
+    percentile of the ranks but rank 0) per world."""
     print("\nscale: the protocol against W on simulated worlds (threads; per rank = CPU seconds,")
-    print("mean over ranks; rank 0 parses the metadata file for all (CKPT-23), so its")
-    print("metadata+plan and the most of any other rank are shown too; wall = one serial world,")
-    print("all ranks)")
+    print("mean over ranks; rank 0 parses the metadata file for all (CKPT-23) and does the")
+    print("threaded group's copies, so its metadata+plan is apart, with the 99th percentile and")
+    print("the most of the other ranks; caches of layouts and chunk checks per rank; wall = one")
+    print("serial world, all ranks)")
     head = (
         "W",
         "metadata",
         "plan",
         "meta+plan",
         "rank 0",
+        "p99 other",
         "max other",
         "read+exch",
         "load",
@@ -525,7 +578,7 @@ def report_scale(rows: list[dict[str, Any]], dcp_upto: int) -> list[tuple[int, f
         "dcp wall",
         "dcp/load",
     )
-    fmt = "{:>6} {:>9} {:>9} {:>10} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9} {:>9} {:>9}"
+    fmt = "{:>6} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9} {:>9} {:>9}"
     print(fmt.format(*head))
     out = []
     for row in rows:
@@ -538,6 +591,8 @@ def report_scale(rows: list[dict[str, Any]], dcp_upto: int) -> list[tuple[int, f
         pl = mean(lambda x: x["phases"]["plan"])
         rest = mean(lambda x: x["phases"]["read"] + x["phases"]["exchange"])
         both = [x["phases"]["metadata"] + x["phases"]["plan"] for x in res]
+        others = sorted(both[1:]) or [0.0]
+        p99 = others[min(len(others) - 1, math.ceil(0.99 * len(others)) - 1)]
         cpu = mean(lambda x: x["cpu"])
         wall = max(x["wall"] for x in res)
         if "dcp" in row:
@@ -553,6 +608,7 @@ def report_scale(rows: list[dict[str, Any]], dcp_upto: int) -> list[tuple[int, f
                 f"{pl:.4f}s",
                 f"{md + pl:.4f}s",
                 f"{both[0]:.4f}s",
+                f"{p99:.4f}s",
                 f"{max(both[1:], default=0.0):.4f}s",
                 f"{rest:.4f}s",
                 f"{cpu:.4f}s",
@@ -560,7 +616,7 @@ def report_scale(rows: list[dict[str, Any]], dcp_upto: int) -> list[tuple[int, f
                 *d,
             )
         )
-        out.append((row["world"], md + pl, max(both[1:], default=0.0)))
+        out.append((row["world"], md + pl, p99))
     print(f"dcp.load runs on a simulated world (ours, timed up to W={dcp_upto}).")
     return out
 
@@ -605,12 +661,10 @@ def verdicts(rows: list[tuple[str, dict[str, Any]]], scale: list[tuple[int, floa
                 f"{_mib(r['ours']['job_bytes'])}, saved {_mib(r['needed'])}"
             )
     if len(scale) >= 2:
-        # The busiest rank but rank 0 is the first of the world to build a destination layout
-        # or check a chunking, which a simulated world's ranks share and a real job's each pay.
         w0, t0, b0 = scale[0]
         for w, t, b in scale[1:]:
             allowed = math.log2(w) / math.log2(w0)
-            for what, now, then in (("mean", t, t0), ("busiest but rank 0", b, b0)):
+            for what, now, then in (("mean", t, t0), ("99th percentile but rank 0", b, b0)):
                 line(
                     now / then <= allowed,
                     f"protocol (metadata+plan CPU per rank, {what}) W={w0} -> {w}: "

@@ -326,13 +326,14 @@ def _columns_of(raw: bytes, where: Path) -> tuple[bytes, int]:
     (kind 2; :mod:`.dcp_columns`), or the bytes themselves (kind 0) when the file does not
     parse (every rank then parses them and raises the same error) or an entry is not plain."""
     from .dcp_columns import encode
-    from .dcp_metadata import metadata_from_bytes
+    from .dcp_metadata import collections_paused, metadata_from_bytes
 
     try:
         md = metadata_from_bytes(raw, where)
     except Exception:
         return raw, 0
-    columns = encode(md)
+    with collections_paused():  # lists of every chunk's values, as the parse's objects
+        columns = encode(md)
     return (raw, 0) if columns is None else (columns, 2)
 
 

@@ -23,9 +23,12 @@ the file's top-level class states (:func:`metadata_format`), never guessed from 
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import io
 import pickle
 import pickletools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -196,11 +199,29 @@ def metadata_from_bytes(data: bytes, path: str | Path) -> Metadata:
     return _parse(io.BytesIO(data), Path(path))
 
 
+@contextlib.contextmanager
+def collections_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block (and back on after, if it was).
+
+    The metadata of a large job is 10^5 objects and more, none in a cycle, made in one go: the
+    collections their allocations trigger scan the whole process, a training process's heap,
+    again and again (a 4,096-chunk parse took 21 ms alone and 150-180 ms with a second copy
+    alive)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
 def _parse(f: io.BufferedIOBase, p: Path) -> Metadata:
     from torch.distributed.checkpoint.metadata import Metadata
 
     try:
-        md = _MetadataUnpickler(f, str(p)).load()
+        with collections_paused():
+            md = _MetadataUnpickler(f, str(p)).load()
     except RefusedGlobal:
         raise
     except Exception as e:

@@ -123,9 +123,11 @@ def all_gather_bytes(
 
     world = dist.get_world_size(group)
     mine = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
-    parts = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(parts, mine, group=group)
-    return [bytes(p.cpu().numpy().tobytes()) for p in parts]
+    n = len(payload)
+    rows = torch.empty((world, n), dtype=torch.uint8, device=device)
+    dist.all_gather(list(rows.unbind(0)), mine, group=group)
+    raw = rows.cpu().numpy().tobytes()  # one copy, not a tensor and a bytes per rank
+    return [raw[i * n : (i + 1) * n] for i in range(world)]
 
 
 class Verdict(NamedTuple):
@@ -162,13 +164,17 @@ def decide_at_root(
     root = dist.get_global_rank(group, 0) if group is not None else 0
     mine = torch.frombuffer(bytearray(record), dtype=torch.uint8).to(device)
     first = dist.get_rank(group) == 0
-    parts = [torch.empty_like(mine) for _ in range(world)] if first else None
-    dist.gather(mine, parts, dst=root, group=group)
+    # The records land in the rows of one buffer, read back in one copy: a tensor and a
+    # bytes object per rank cost rank 0 about 50 us each, 0.1 s a call at W = 1024.
+    n = len(record)
+    rows = torch.empty((world, n), dtype=torch.uint8, device=device) if first else None
+    dist.gather(mine, list(rows.unbind(0)) if rows is not None else None, dst=root, group=group)
     wire = torch.zeros(_VERDICT, dtype=torch.uint8, device=device)
     if first:
-        assert parts is not None
+        assert rows is not None
+        raw = rows.cpu().numpy().tobytes()
         try:
-            verdict = rule([bytes(p.cpu().numpy().tobytes()) for p in parts])
+            verdict = rule([raw[i * n : (i + 1) * n] for i in range(world)])
         except Exception as e:  # a bug in the rule on rank 0 must not leave the others waiting
             verdict = Verdict(f"the agreement's rule failed on rank 0: {type(e).__name__}: {e}")
         wire.copy_(torch.frombuffer(bytearray(_verdict_bytes(verdict)), dtype=torch.uint8))

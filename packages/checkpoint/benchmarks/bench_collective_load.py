@@ -53,7 +53,9 @@ share, as a real all-gather would. The process caches whose entries grow with W 
 layouts, saved-chunk checks, chunk indexes) are kept per thread for this case, so each
 simulated rank builds its own, as a real rank does on its first load. Besides the mean, the
 99th percentile and the most of the ranks other than rank 0 are shown; the verdict takes the
-percentile, since the most of W - 1 noisy samples grows with W at any fixed spread.
+percentile, since the most of W - 1 noisy samples grows with W at any fixed spread. The load
+runs with ``reads="own"`` and again with ``reads="auto"`` (the default, which must decide the
+mode from every destination and saved chunk: "own" here), whose mean is shown too.
 
 Other jobs may share the machine: run under the timing lock, and read the ratios::
 
@@ -313,8 +315,8 @@ def sim_load(rank: int, world: int, path: str, variant: str) -> dict[str, Any]:
     phases: dict[str, float] = {}
     dist.barrier()
     t0, c0 = time.perf_counter(), time.thread_time()
-    if variant == "load":
-        phases = collective_load(sd, path, reads="own").seconds
+    if variant in ("load", "load-auto"):
+        phases = collective_load(sd, path, reads="own" if variant == "load" else "auto").seconds
     else:
         dcp.load(sd, storage_reader=FileSystemReader(path), planner=LoadPlanner())
     cpu = time.thread_time() - c0
@@ -376,6 +378,7 @@ def _per_rank_memo(fn: Callable[..., Any]) -> Callable[..., Any]:
 def measure_scale(tmp: Path, worlds: tuple[int, ...], dcp_upto: int) -> list[dict[str, Any]]:
     import shardspec.checkpoint.collective_load as load_module
     import shardspec.checkpoint.dcp as dcp_module
+    import shardspec.checkpoint.load_reads as reads_module
     import shardspec.metadata.dtensor as dtensor_module
     from shardspec.testing.simulated import get_simulated_pool, shutdown_simulated
 
@@ -384,9 +387,15 @@ def measure_scale(tmp: Path, worlds: tuple[int, ...], dcp_upto: int) -> list[dic
     load_module.time = _ThreadClock  # type: ignore[assignment]
     # A real rank builds these once per process; the threads of a simulated world would
     # share them, so each thread keeps its own.
-    saved = (dtensor_module._cached_mesh_layout, dcp_module._CHECKED, dcp_module._INDEXES)
+    saved = (
+        dtensor_module._cached_mesh_layout,
+        dcp_module._CHECKED,
+        dcp_module._INDEXES,
+        reads_module._REPLICATED,
+    )
     dtensor_module._cached_mesh_layout = _per_rank_memo(dtensor_module.mesh_layout)  # type: ignore[assignment]
     dcp_module._CHECKED, dcp_module._INDEXES = _PerRank(), _PerRank()  # type: ignore[assignment]
+    reads_module._REPLICATED = _PerRank()  # type: ignore[assignment]
     try:
         for w in worlds:
             path = str(tmp / f"sim-{w}")
@@ -397,6 +406,9 @@ def measure_scale(tmp: Path, worlds: tuple[int, ...], dcp_upto: int) -> list[dic
             pool.call(fn, path, "load", timeout=limit)  # untimed: the world, meshes, caches
             res = pool.call(fn, path, "load", timeout=limit)
             row["load"] = res
+            row["auto"] = pool.call(fn, path, "load-auto", timeout=limit)
+            if [r["digest"] for r in row["auto"]] != [r["digest"] for r in res]:
+                raise SystemExit(f"scale, W={w}: reads=auto and reads=own loaded different bytes")
             if w <= dcp_upto:
                 row["dcp"] = pool.call(fn, path, "dcp", timeout=limit)
                 if [r["digest"] for r in row["dcp"]] != [r["digest"] for r in res]:
@@ -405,7 +417,12 @@ def measure_scale(tmp: Path, worlds: tuple[int, ...], dcp_upto: int) -> list[dic
             print(f"  scale: W={w} done", file=sys.stderr, flush=True)
     finally:
         load_module.time = time  # type: ignore[assignment]
-        (dtensor_module._cached_mesh_layout, dcp_module._CHECKED, dcp_module._INDEXES) = saved  # type: ignore[assignment]
+        (
+            dtensor_module._cached_mesh_layout,
+            dcp_module._CHECKED,
+            dcp_module._INDEXES,
+            reads_module._REPLICATED,
+        ) = saved  # type: ignore[assignment]
         shutdown_simulated()
     return rows
 
@@ -555,14 +572,16 @@ def report(rows: list[tuple[str, dict[str, Any]]], offline: list[tuple[str, floa
         print(f"shardspec reshard {name}: {sec:.2f}s (once, one process)")
 
 
-def report_scale(rows: list[dict[str, Any]], dcp_upto: int) -> list[tuple[int, float, float]]:
+def report_scale(
+    rows: list[dict[str, Any]], dcp_upto: int
+) -> list[tuple[int, float, float, float]]:
     """Print the ``scale`` table; (W, load's metadata+plan CPU: the mean over ranks, the 99th
     percentile of the ranks but rank 0) per world."""
     print("\nscale: the protocol against W on simulated worlds (threads; per rank = CPU seconds,")
     print("mean over ranks; rank 0 parses the metadata file for all (CKPT-23) and does the")
     print("threaded group's copies, so its metadata+plan is apart, with the 99th percentile and")
-    print("the most of the other ranks; caches of layouts and chunk checks per rank; wall = one")
-    print("serial world, all ranks)")
+    print("the most of the other ranks; caches of layouts and chunk checks per rank; auto m+p:")
+    print('the mean with reads="auto", which decides the mode; wall = one serial world, all ranks)')
     head = (
         "W",
         "metadata",
@@ -571,6 +590,7 @@ def report_scale(rows: list[dict[str, Any]], dcp_upto: int) -> list[tuple[int, f
         "rank 0",
         "p99 other",
         "max other",
+        "auto m+p",
         "read+exch",
         "load",
         "load wall",
@@ -578,7 +598,7 @@ def report_scale(rows: list[dict[str, Any]], dcp_upto: int) -> list[tuple[int, f
         "dcp wall",
         "dcp/load",
     )
-    fmt = "{:>6} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9} {:>9} {:>9}"
+    fmt = "{:>6} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9} {:>9} {:>9}"
     print(fmt.format(*head))
     out = []
     for row in rows:
@@ -594,6 +614,7 @@ def report_scale(rows: list[dict[str, Any]], dcp_upto: int) -> list[tuple[int, f
         others = sorted(both[1:]) or [0.0]
         p99 = others[min(len(others) - 1, math.ceil(0.99 * len(others)) - 1)]
         cpu = mean(lambda x: x["cpu"])
+        auto = statistics.fmean(x["phases"]["metadata"] + x["phases"]["plan"] for x in row["auto"])
         wall = max(x["wall"] for x in res)
         if "dcp" in row:
             dcpu = statistics.fmean(x["cpu"] for x in row["dcp"])
@@ -610,18 +631,21 @@ def report_scale(rows: list[dict[str, Any]], dcp_upto: int) -> list[tuple[int, f
                 f"{both[0]:.4f}s",
                 f"{p99:.4f}s",
                 f"{max(both[1:], default=0.0):.4f}s",
+                f"{auto:.4f}s",
                 f"{rest:.4f}s",
                 f"{cpu:.4f}s",
                 f"{wall:.2f}s",
                 *d,
             )
         )
-        out.append((row["world"], md + pl, p99))
+        out.append((row["world"], md + pl, p99, auto))
     print(f"dcp.load runs on a simulated world (ours, timed up to W={dcp_upto}).")
     return out
 
 
-def verdicts(rows: list[tuple[str, dict[str, Any]]], scale: list[tuple[int, float, float]]) -> None:
+def verdicts(
+    rows: list[tuple[str, dict[str, Any]]], scale: list[tuple[int, float, float, float]]
+) -> None:
     print("\nverdicts (targets of the issue; reported, not asserted)")
 
     def line(ok: bool, text: str) -> None:
@@ -661,10 +685,14 @@ def verdicts(rows: list[tuple[str, dict[str, Any]]], scale: list[tuple[int, floa
                 f"{_mib(r['ours']['job_bytes'])}, saved {_mib(r['needed'])}"
             )
     if len(scale) >= 2:
-        w0, t0, b0 = scale[0]
-        for w, t, b in scale[1:]:
+        w0, t0, b0, a0 = scale[0]
+        for w, t, b, a in scale[1:]:
             allowed = math.log2(w) / math.log2(w0)
-            for what, now, then in (("mean", t, t0), ("99th percentile but rank 0", b, b0)):
+            for what, now, then in (
+                ("mean", t, t0),
+                ("99th percentile but rank 0", b, b0),
+                ('mean, reads="auto"', a, a0),
+            ):
                 line(
                     now / then <= allowed,
                     f"protocol (metadata+plan CPU per rank, {what}) W={w0} -> {w}: "

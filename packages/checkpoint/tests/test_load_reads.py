@@ -158,6 +158,72 @@ def test_auto_reads_once_for_replicas_and_long_strided_reads_only() -> None:
     assert choose_reads([TensorReads("e", 4, (Box((0, 0), (0, 3)),), empty)]) == "own"
 
 
+@pytest.mark.rule("CKPT-25")
+@settings(max_examples=150, deadline=None)
+@given(
+    st.data(),
+    st.integers(1, 64),
+    st.integers(1, 4096),
+    st.sampled_from(["all pairs", "index"]),
+)
+def test_auto_decides_the_same_from_arrays_as_from_boxes(
+    data: st.DataObject, min_bytes: int, run_bytes: int, path: str
+) -> None:
+    # A load of W chunks decides reads="auto" from the layouts' arrays: the same answer as box
+    # by box, for every tensor, at thresholds the drawn shapes reach.
+    shape = data.draw(shapes(min_dims=0, max_dims=3, max_side=9))
+    world = data.draw(st.integers(1, 8))
+    saved = data.draw(valid_layouts(st.just(shape), replicas=False))
+    dst = data.draw(valid_layouts(st.just(shape), world=world))
+    chunks = Layout(shape, [Shard(s.box, i) for i, s in enumerate(saved.shards)])
+    t = TensorReads("t", data.draw(st.sampled_from([1, 2, 4, 8])), chunks, dst)
+    load_reads._strided.cache_clear()  # its entries are made at the shipped thresholds
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(load_reads, "STRIDED_MIN_BYTES", min_bytes)
+        mp.setattr(load_reads, "STRIDED_RUN_BYTES", run_bytes)
+        mp.setattr(load_reads, "_ALL_PAIRS", 1 << 30 if path == "all pairs" else -1)
+        boxes = load_reads._holders(dst)[1]
+        want_replicated = any(len(h) > 1 for h in boxes)
+        if dst.ndim:
+            assert load_reads._replicated_arrays(dst) == want_replicated
+        if want_replicated:
+            return  # _strided is asked only of destinations without replicas
+        want = load_reads._strided.__wrapped__(t.boxes, dst, t.itemsize)
+        if dst.ndim and dst.numel:
+            got = load_reads._strided_arrays(chunks, dst, t.itemsize)
+            assert got in (want, None if path == "index" else want)
+        mp.setattr(load_reads, "_ARRAYS_FROM", 0)
+        load_reads._strided.cache_clear()
+        assert load_reads._strided_of(t) == want
+        load_reads._strided.cache_clear()
+
+
+@pytest.mark.rule("CKPT-25")
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(24, 40),  # 24 or more non-empty boxes either way: past the scan, a grid
+    st.integers(1, 40),
+    st.sampled_from([0, 1]),
+    st.integers(1, 8192),
+    st.integers(1, 4096),
+)
+def test_auto_decides_the_same_through_a_grid_index(
+    ranks: int, saved_chunks: int, dim: int, min_bytes: int, run_bytes: int
+) -> None:
+    # More destination boxes than a scan takes: the index path, as a grid.
+    shape = (64, 48)
+    dst = chunk_layout(shape, dim, list(range(ranks)))
+    saved = chunk_layout(shape, 0, list(range(saved_chunks)))
+    load_reads._strided.cache_clear()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(load_reads, "STRIDED_MIN_BYTES", min_bytes)
+        mp.setattr(load_reads, "STRIDED_RUN_BYTES", run_bytes)
+        mp.setattr(load_reads, "_ALL_PAIRS", -1)
+        want = load_reads._strided.__wrapped__(tuple(s.box for s in saved.shards), dst, 4)
+        assert load_reads._strided_arrays(saved, dst, 4) == want
+    load_reads._strided.cache_clear()
+
+
 @pytest.mark.rule("CKPT-24")
 def test_a_pre_resharded_checkpoint_is_read_by_the_ranks_that_hold_it() -> None:
     dst = chunk_layout(BIG, 0, [3, 2, 1, 0])

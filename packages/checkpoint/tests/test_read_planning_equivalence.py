@@ -94,12 +94,13 @@ def test_layout_pairs_sources_all_make_checkpoint_metadata() -> None:
 
 
 @pytest.mark.rule("CKPT-3")
-@given(layout_pairs(), st.booleans())
-def test_load_planner_read_items_equal_upstreams_on_both_paths(
-    pair: tuple[Layout, Layout], direct: bool
+@given(layout_pairs(), st.sampled_from(["direct", "all pairs", "index"]))
+def test_load_planner_read_items_equal_upstreams_on_every_path(
+    pair: tuple[Layout, Layout], path: str
 ) -> None:
-    # read_items_for_chunks tries every pair directly for few chunks and plans for many:
-    # both paths must read what DCP's default planner reads, zero-length reads aside.
+    # read_items_for_chunks tries every pair directly for few chunks, as arrays for more, and
+    # through an index for many: every path must read what DCP's default planner reads,
+    # zero-length reads aside.
     from checkpoint_read_triples import read_item_triples
     from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
@@ -112,11 +113,14 @@ def test_load_planner_read_items_equal_upstreams_on_both_paths(
     # one chunk, as a checkpoint saves it: to_tensor_storage_metadata keeps each box once.
     md = to_tensor_storage_metadata(storable(src))  # CKPT-1: no two chunks at one offset
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(dcp, "_DIRECT_PAIRS", 10**9 if direct else -1)
+        mp.setattr(dcp, "_DIRECT_PAIRS", 10**9 if path == "direct" else -1)
+        mp.setattr(dcp, "_ALL_PAIRS", 10**9 if path == "all pairs" else -1)
         for r in dst.ranks:
             chunks = list(to_chunk_list(dst, r))
             want = read_item_triples(
                 md, r, chunks, create_read_items_for_chunk_list("t", md, chunks)
             )
-            got = read_item_triples(md, r, chunks, dcp.read_items_for_chunks("t", md, chunks))
-            assert got == want, f"rank {r}, {'direct' if direct else 'planned'} path"
+            items = dcp.read_items_for_chunks("t", md, chunks)
+            assert all(0 not in it.lengths for it in items), f"an empty read, {path} path"
+            got = read_item_triples(md, r, chunks, items)
+            assert got == want, f"rank {r}, {path} path"

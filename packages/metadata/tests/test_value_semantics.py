@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from shardspec.metadata import Box, Layout, LayoutError, Shard
+from shardspec.metadata import Box, Layout, LayoutError, Shard, chunk_layout
 
 
 class _Index:
@@ -346,6 +346,20 @@ def test_box_arrays_of_a_small_layout_and_of_values_past_int64() -> None:
     huge = 2**64
     with pytest.raises(LayoutError, match="does not fit int64"):
         Layout((huge,), [Shard(Box((0,), (huge,)), 0)]).box_arrays()
+
+
+def test_rank_array_is_the_shards_ranks_in_order_small_large_and_past_int64() -> None:
+    small = Layout((4, 6), [Shard(Box((0, 3), (4, 3)), 7), Shard(Box((0, 0), (4, 3)), 2)])
+    assert small.rank_array().tolist() == [7, 2]
+    large = chunk_layout((100,), 0, list(range(99, -1, -1)))  # 100 shards: kept as columns
+    ranks = large.rank_array()
+    assert ranks.tolist() == [s.rank for s in large.shards] == list(range(99, -1, -1))
+    assert str(ranks.dtype) == "int64"
+    with pytest.raises(ValueError):
+        ranks[0] = 5  # a view of the layout's own columns: read-only
+    assert large.rank_array()[0] == 99
+    with pytest.raises(LayoutError, match="does not fit int64"):
+        Layout((1,), [Shard(Box((0,), (1,)), 2**64)]).rank_array()
 
 
 def _array_layout(layout: Layout) -> Layout:

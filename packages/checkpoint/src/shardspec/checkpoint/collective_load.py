@@ -179,14 +179,9 @@ def _load(
             stateful_sd[k] = v
         flat, mappings = flatten_state_dict(stateful_sd)
         targets, values = _targets(flat, md, path, group, rank, world)
-        if mode != "own":  # what "own" never asks: every saved box as an object
+        if mode != "own":  # "once" reads every saved box as an object, "auto" arrays first
             plans = [
-                TensorReads(
-                    t.key,
-                    t.saved.properties.dtype.itemsize,
-                    tuple(sh.box for sh in t.chunks.shards),
-                    t.dst,
-                )
+                TensorReads(t.key, t.saved.properties.dtype.itemsize, t.chunks, t.dst)
                 for t in targets
             ]
             if mode == "auto":

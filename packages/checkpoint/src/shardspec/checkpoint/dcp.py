@@ -259,6 +259,9 @@ def chunk_overlaps(
         return _direct_overlaps(saved, tuple(local))
     import numpy as np
 
+    nd = len(src.shape)
+    if len(src) * len(local) <= _ALL_PAIRS and _INDEXES.get(id(src)) is None:
+        return _overlaps_of_all_pairs(src, local, nd)
     # The saved chunks were checked (CKPT-1): their non-empty boxes are disjoint, as a
     # BoxIndex wants them; each local box asks it for its clipped overlaps (a plan would build
     # a destination layout and pieces for the same answer). The index reads the boxes as
@@ -270,7 +273,6 @@ def chunk_overlaps(
     if many is not None:  # a grid of saved chunks (the common case): all boxes at once
         q, pos, lo, lengths = many
         si = kept_at[pos]
-        nd = len(src.shape)
         local_off = np.asarray([o for o, _ in local], dtype=np.int64).reshape(-1, nd)
         return list(
             zip(
@@ -287,6 +289,38 @@ def chunk_overlaps(
             si = kept[pos]
             out.append((di, si, _minus(lo_, off), _minus(lo_, shards[si].box.offsets), sizes))
     return out
+
+
+def _overlaps_of_all_pairs(
+    src: Layout, local: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], nd: int
+) -> list[Overlap]:
+    """:func:`chunk_overlaps` by one NumPy pass over every (local box, saved chunk) pair, in
+    that order: a rank's few boxes against W saved chunks cost O(W) array work, where an
+    index costs a sort of all W chunks (O(W log W) on every rank, for each chunking)."""
+    import numpy as np
+
+    saved_off, saved_sizes = src.box_arrays()
+    local_off = np.asarray([o for o, _ in local], dtype=np.int64).reshape(len(local), nd)
+    local_sizes = np.asarray([n for _, n in local], dtype=np.int64).reshape(len(local), nd)
+    lo = np.maximum(local_off[:, None, :], saved_off[None, :, :])
+    hi = np.minimum((local_off + local_sizes)[:, None, :], (saved_off + saved_sizes)[None, :, :])
+    q, si = np.nonzero((hi > lo).all(axis=2))
+    at = lo[q, si]
+    return list(
+        zip(
+            q.tolist(),
+            si.tolist(),
+            map(tuple, (at - local_off[q]).tolist()),
+            map(tuple, (at - saved_off[si]).tolist()),
+            map(tuple, (hi[q, si] - at).tolist()),
+        )
+    )
+
+
+# Up to this many (local box, saved chunk) pairs with no index built for the chunking, the
+# overlaps come from all pairs at once (_overlaps_of_all_pairs): 2**16 pairs of 3-d boxes are
+# a few MiB of temporaries and well under a millisecond.
+_ALL_PAIRS = 1 << 16
 
 
 # The index of each saved-chunk layout, by identity: the tensors of a model that share a

@@ -11,11 +11,13 @@ so every rank cuts the same batches): a CPU state dict never lands on the GPU wh
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shardspec.metadata import Box, Layout, Shard
+from shardspec.metadata.dtensor_math import mesh_layout
 
 from .load_reads import Run
 
@@ -40,9 +42,12 @@ class Target:
     chunks: Layout  # the saved chunks, checked (CKPT-1): chunk i on "rank" i
 
 
+@functools.lru_cache(maxsize=1024)
 def replicated(shape: tuple[int, ...], world: int) -> Layout:
-    """``shape`` held whole by every rank of ``world``."""
-    return Layout(shape, [Shard(Box((0,) * len(shape), shape), r) for r in range(world)])
+    """``shape`` held whole by every rank of ``world``: a replicate mesh's layout, so from 64
+    ranks it is int64 columns, not W objects (a plain tensor of a state dict on every rank of
+    a large job; the layers of a model repeat their shapes, hence the cache)."""
+    return mesh_layout(shape, (world,), tuple(range(world)), (None,))
 
 
 def batches(weights: list[tuple[str, int]], budget: int | None) -> list[list[str]]:

@@ -20,8 +20,10 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from shardspec.metadata import Box, Layout
+from shardspec.metadata.columns import INT_LIMIT
 from shardspec.reshard.index import BoxIndex
 
 __all__ = [
@@ -48,13 +50,21 @@ MIN_RUN_BYTES = 4 * 1024 * 1024
 
 @dataclass(frozen=True)
 class TensorReads:
-    """One tensor of a load: its saved chunks (global boxes, in the metadata's order), its
-    element size, and where the job wants it (``dst``, ranks of the load's group)."""
+    """One tensor of a load: its saved chunks (global boxes, in the metadata's order, or their
+    checked layout, chunk i on "rank" i), its element size, and where the job wants it
+    (``dst``, ranks of the load's group)."""
 
     key: str
     itemsize: int
-    chunks: tuple[Box, ...]
+    chunks: tuple[Box, ...] | Layout
     dst: Layout
+
+    @functools.cached_property
+    def boxes(self) -> tuple[Box, ...]:
+        """The saved chunks as boxes: made from a layout only when asked (``reads="auto"``
+        decides most loads of W chunks from arrays, without W objects)."""
+        c = self.chunks
+        return tuple(s.box for s in c.shards) if isinstance(c, Layout) else c
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,14 @@ def row_runs(chunk: Box, itemsize: int, most: int) -> list[Box]:
     return out
 
 
+# From this many boxes (saved or destination) choose_reads works on the layouts' arrays: box
+# by box it cost O(W) Python objects per tensor on every rank of a W-rank job. Up to
+# _ALL_PAIRS (saved chunk, destination box) pairs it meets them all in one NumPy pass (a few
+# MiB of temporaries), past that through a grid index of the destination's boxes.
+_ARRAYS_FROM = 64
+_ALL_PAIRS = 1 << 16
+
+
 @functools.lru_cache(maxsize=4096)
 def _holders(dst: Layout) -> tuple[tuple[Box, ...], tuple[tuple[int, ...], ...], BoxIndex]:
     """The distinct non-empty boxes of ``dst``, the ranks holding each, and their index."""
@@ -111,9 +129,116 @@ def _holders(dst: Layout) -> tuple[tuple[Box, ...], tuple[tuple[int, ...], ...],
     return boxes, tuple(tuple(sorted(set(r))) for r in ranks.values()), BoxIndex(boxes, dst.shape)
 
 
+# _replicated_arrays of each large destination layout, by identity: the tensors of one shape,
+# mesh and placements share one layout object (shardspec.metadata.dtensor caches it). An entry
+# holds its layout, so no other object can take its id while it lives: the cache is bounded.
+_REPLICATED: dict[int, tuple[Layout, bool]] = {}
+_REPLICATED_MAX = 64
+
+
 def _replicated(dst: Layout) -> bool:
+    if len(dst) >= _ARRAYS_FROM and dst.ndim:
+        hit = _REPLICATED.get(id(dst))
+        if hit is not None and hit[0] is dst:
+            return hit[1]
+        found = _replicated_arrays(dst)
+        if len(_REPLICATED) >= _REPLICATED_MAX:
+            _REPLICATED.clear()
+        _REPLICATED[id(dst)] = (dst, found)
+        return found
     _, holders, _ = _holders(dst)
     return any(len(h) > 1 for h in holders)
+
+
+def _replicated_arrays(dst: Layout) -> bool:
+    """:func:`_replicated` from the layout's arrays: some non-empty box on two ranks."""
+    import numpy as np
+
+    offs, sizes = dst.box_arrays()
+    keep = (sizes > 0).all(axis=1)
+    rows = _sorted_rows(
+        np.concatenate([offs[keep], sizes[keep], dst.rank_array()[keep][:, None]], axis=1)
+    )
+    # equal boxes are neighbours, in rank order: two ranks of one box meet somewhere
+    same_box = (rows[1:, :-1] == rows[:-1, :-1]).all(axis=1)
+    return bool((same_box & (rows[1:, -1] != rows[:-1, -1])).any())
+
+
+def _sorted_rows(rows: Any) -> Any:
+    """The rows of a 2-d int64 array in lexicographic order (one lexsort: ``np.unique`` by rows
+    sorts a structured view, ten times slower)."""
+    import numpy as np
+
+    return rows[np.lexsort(rows.T[::-1])] if rows.shape[1] else rows
+
+
+def _strided_of(t: TensorReads) -> bool:
+    if (
+        isinstance(t.chunks, Layout)
+        and max(len(t.chunks), len(t.dst)) >= _ARRAYS_FROM
+        and t.dst.ndim
+        and t.dst.numel <= INT_LIMIT
+    ):
+        found = _strided_arrays(t.chunks, t.dst, t.itemsize)
+        if found is not None:
+            return found
+    return _strided(t.boxes, t.dst, t.itemsize)
+
+
+def _strided_arrays(saved: Layout, dst: Layout, itemsize: int) -> bool | None:
+    """:func:`_strided` from the layouts' arrays; None when there are too many pairs to meet
+    at once and the destination's distinct boxes are no grid (the box path answers)."""
+    import numpy as np
+
+    nd = dst.ndim
+    offs, sizes = dst.box_arrays()
+    keep = (sizes > 0).all(axis=1)
+    boxes = _sorted_rows(np.concatenate([offs[keep], sizes[keep]], axis=1))
+    if len(boxes) > 1:  # each box once
+        boxes = boxes[np.concatenate([[True], (boxes[1:] != boxes[:-1]).any(axis=1)])]
+    b_off, b_stop = boxes[:, :nd], boxes[:, :nd] + boxes[:, nd:]
+    c_off, c_sizes = saved.box_arrays()
+    c_keep = (c_sizes > 0).all(axis=1)
+    c_off, c_sizes = c_off[c_keep], c_sizes[c_keep]
+    if len(boxes) * len(c_off) <= _ALL_PAIRS:
+        lo = np.maximum(c_off[:, None, :], b_off[None, :, :])
+        hi = np.minimum((c_off + c_sizes)[:, None, :], b_stop[None, :, :])
+        q, b = np.nonzero((hi > lo).all(axis=2))
+        lengths = hi[q, b] - lo[q, b]
+    else:
+        index = BoxIndex(_RowBoxes(boxes, nd), dst.shape, offsets=b_off, stops=b_stop)
+        many = index.query_clipped_many(c_off, c_sizes) if index.kind == "grid" else None
+        if many is None:
+            return None
+        q, _, _, lengths = many
+    whole = lengths == c_sizes[q]
+    # contiguous_run: the part's sizes from the last dim up to and including the first dim
+    # where the part is narrower than its chunk
+    run = np.ones(len(q), dtype=np.int64)
+    going = np.ones(len(q), dtype=bool)
+    for d in reversed(range(nd)):
+        run = np.where(going, run * lengths[:, d], run)
+        going &= whole[:, d]
+    big = lengths.prod(axis=1) >= -(-STRIDED_MIN_BYTES // itemsize)
+    short = run < -(-STRIDED_RUN_BYTES // itemsize)
+    return bool((big & short).any())
+
+
+class _RowBoxes(Sequence[Box]):
+    """The boxes of the rows (offsets, sizes) of an int64 array, made when read (an index that
+    is a grid reads only their count)."""
+
+    def __init__(self, rows: Any, ndim: int) -> None:
+        self._rows, self._ndim = rows, ndim
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        row = self._rows[i].tolist()
+        return Box(tuple(row[: self._ndim]), tuple(row[self._ndim :]))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -140,7 +265,7 @@ def choose_reads(tensors: Sequence[TensorReads]) -> str:
             continue
         if _replicated(t.dst):
             return "once"
-        if t.dst.numel * t.itemsize >= STRIDED_MIN_BYTES and _strided(t.chunks, t.dst, t.itemsize):
+        if t.dst.numel * t.itemsize >= STRIDED_MIN_BYTES and _strided_of(t):
             return "once"
     return "own"
 
@@ -153,12 +278,12 @@ def assign_reads(tensors: Sequence[TensorReads], world: int) -> list[Run]:
     first element in the destination, unless that would take it past the fair share (or the
     run itself, if larger); then the least-loaded rank of all. Ties go to the lowest rank.
     """
-    total = sum(c.numel * t.itemsize for t in tensors for c in t.chunks)
+    total = sum(c.numel * t.itemsize for t in tensors for c in t.boxes)
     share = max(1, math.ceil(total / max(world, 1)))
     pending: list[tuple[int, int, int, Box, tuple[int, ...]]] = []
     for k, t in enumerate(tensors):
         _, holders, index = _holders(t.dst)
-        for ci, c in enumerate(t.chunks):
+        for ci, c in enumerate(t.boxes):
             if c.is_empty:
                 continue
             for box in row_runs(c, t.itemsize, share):

@@ -153,6 +153,20 @@ class Layout:
             raise LayoutError(f"box_arrays: a box of {self!r} does not fit int64") from e
         return offs.reshape(m, nd), sizes.reshape(m, nd)
 
+    def rank_array(self) -> Any:
+        """The shards' ranks as an (m,) int64 NumPy array, in shard order (read-only; beside
+        :meth:`box_arrays`). Raises :class:`LayoutError` when a rank does not fit int64."""
+        import numpy as np
+
+        if self._columns is not None:
+            ranks = self._columns.ranks[:]
+            ranks.flags.writeable = False
+            return ranks
+        try:
+            return np.array([s.rank for s in self.shards], dtype=np.int64)
+        except OverflowError as e:
+            raise LayoutError(f"rank_array: a rank of {self!r} does not fit int64") from e
+
     def fingerprint(self) -> bytes:
         """A 16-byte digest of the shape and the shards in order (local storage order is part
         of a layout's identity here, unlike ``==``): what ranks compare to agree they hold the

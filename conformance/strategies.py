@@ -313,6 +313,38 @@ def dtensor_pool_cases(
     return shp, mesh, placements
 
 
+@st.composite
+def large_mesh_cases(
+    draw: st.DrawFn,
+) -> tuple[tuple[int, ...], tuple[int, ...], list[Any]]:
+    """``(shape, mesh shape, JSON placements)`` on 64 to 1,040 mesh coordinates, where an
+    implementation may build a DTensor's whole layout another way than box by box: small dims
+    (more coordinates than rows, empty pieces), 1-D to 3-D meshes, every placement kind."""
+    sides = draw(
+        st.lists(st.sampled_from([1, 2, 3, 4, 5, 7, 8, 16, 64, 65]), min_size=1, max_size=3).filter(
+            lambda ks: 64 <= math.prod(ks) <= 1040
+        )
+    )
+    shp = draw(shapes(max_dims=3, max_side=70))
+    return shp, tuple(sides), draw(placement_lists(len(shp), len(sides)))
+
+
+@st.composite
+def large_mesh_nested_empty_cases(
+    draw: st.DrawFn,
+) -> tuple[tuple[int, ...], tuple[int, ...], list[Any]]:
+    """Dim 0 of ``n`` rows cut on a large mesh by two ``Shard(0)``: ``k1`` parts, each cut into
+    ``k2 > its rows`` parts, so the first part's empty pieces sit at its end, inside the dim
+    (DTENSOR-6), on 64 or more coordinates."""
+    k1 = draw(st.integers(2, 8))
+    k2 = draw(st.integers(max(8, -(-64 // k1)), 128))
+    n = draw(st.integers(2, min(k2, 4 * k1)))
+    shp = (n, draw(st.integers(1, 3)))
+    if draw(st.booleans()):
+        return shp, (k1, k2), [["S", 0], ["S", 0]]
+    return shp, (k1, 2, k2), [["S", 0], ["R"], ["S", -2]]
+
+
 __all__ = [
     "DTYPE_NAMES",
     "chunk_args",
@@ -324,6 +356,8 @@ __all__ = [
     "fsdp_meshes",
     "grid_layouts",
     "guillotine_layouts",
+    "large_mesh_cases",
+    "large_mesh_nested_empty_cases",
     "layouts_with_buried_empty_shard",
     "mesh_shapes",
     "nested_empty_cases",

@@ -96,6 +96,19 @@ class Impl:
         """The boxes of the local tensor at mesh ``coord``, in local storage order."""
         raise self.unsupported("DTensor boxes")
 
+    def dtensor_mesh_boxes(
+        self, shape: Sequence[int], mesh_shape: Sequence[int], placements: Sequence[Any]
+    ) -> list[list[Box]]:
+        """The boxes of every mesh coordinate's local tensor (row-major over the mesh), as
+        the implementation builds a DTensor's whole layout (a checkpoint load does, for every
+        rank of the job). By default, :meth:`dtensor_local_boxes` at each coordinate."""
+        import itertools
+
+        return [
+            self.dtensor_local_boxes(shape, mesh_shape, placements, c)
+            for c in itertools.product(*(range(k) for k in mesh_shape))
+        ]
+
     def fsdp_local_boxes(self, pool: Any, tensor: Any, dim: int) -> list[tuple[Box, Any]]:
         """For a DTensor chunked on ``dim`` of a 1-D mesh of the pool's ranks: each rank's box as
         the FSDP state-dict path reports it, and the local tensor it really holds."""

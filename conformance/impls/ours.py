@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,6 +50,22 @@ class ShardspecImpl(Impl):
         from conformance.codec import placements_from_json
 
         return list(dtensor_local_boxes(shape, mesh_shape, placements_from_json(placements), coord))
+
+    def dtensor_mesh_boxes(
+        self, shape: Sequence[int], mesh_shape: Sequence[int], placements: Sequence[Any]
+    ) -> list[list[Box]]:
+        try:
+            from shardspec.metadata.dtensor import dtensor_layout
+        except ImportError as e:
+            raise self.unsupported(f"shardspec.metadata.dtensor is not available ({e})") from None
+        from conformance.codec import placements_from_json
+
+        # a mesh of ranks 0..W-1 in row-major order, as a nested list (DTensor's mesh form)
+        mesh: Any = list(range(math.prod(mesh_shape)))
+        for k in reversed(mesh_shape[1:]):
+            mesh = [mesh[i : i + k] for i in range(0, len(mesh), k)]
+        layout = dtensor_layout(shape, mesh, placements_from_json(placements))
+        return [list(layout.boxes_of(r)) for r in range(math.prod(mesh_shape))]
 
     def fsdp_local_boxes(self, pool: Any, tensor: Any, dim: int) -> list[tuple[Box, Any]]:
         results = pool.run(

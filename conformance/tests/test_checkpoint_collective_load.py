@@ -148,6 +148,40 @@ MANY_CHUNKS_ON_4 = {
         ),
     },
 }
+# 600 saved chunks, 150 boxes a rank on 4: past the (box, chunk) pairs one NumPy pass meets,
+# each rank's boxes are found through an index of the saved chunks (a grid).
+INDEXED_CHUNKS_ON_4 = {
+    **MANY_CHUNKS,
+    "load_world": 4,
+    "saved": Layout((600, 2), [Shard(Box((i, 0), (1, 2)), i % 2) for i in range(600)]),
+    "load": {
+        "kind": "sharded",
+        "layout": layout_to_json(
+            Layout((600, 2), [Shard(Box((i, 0), (1, 2)), (i * 3) % 4) for i in range(600)])
+        ),
+    },
+    "tensor": torch.arange(1200, dtype=torch.int32).reshape(600, 2),
+}
+# The same past an index, saved chunks that are no grid (odd rows cut in two columns): the
+# index is a tree, asked box by box.
+INDEXED_TREE_ON_4 = {
+    **INDEXED_CHUNKS_ON_4,
+    "saved": Layout(
+        (600, 4),
+        [
+            Shard(Box((i, c), (1, w)), i % 2)
+            for i in range(600)
+            for c, w in (((0, 4),) if i % 2 == 0 else ((0, 2), (2, 2)))
+        ],
+    ),
+    "load": {
+        "kind": "sharded",
+        "layout": layout_to_json(
+            Layout((600, 4), [Shard(Box((i, 0), (1, 4)), (i * 3) % 4) for i in range(600)])
+        ),
+    },
+    "tensor": torch.arange(2400, dtype=torch.int32).reshape(600, 4),
+}
 # Two saved chunks of 300 KiB each (past the 256 KiB a rank reads whole), loaded as columns on
 # 4 ranks: each rank's reads go through the reader, which finds each chunk's storage entry in
 # the column encoding by key and offsets.
@@ -183,6 +217,8 @@ def _examples(test: Any) -> Any:
         ROWS_TO_PLAIN_ONCE,
         MANY_CHUNKS,
         MANY_CHUNKS_ON_4,
+        INDEXED_CHUNKS_ON_4,
+        INDEXED_TREE_ON_4,
         BIG_CHUNKS_ON_4,
     ):
         test = example(ex)(test)

@@ -15,7 +15,14 @@ from conformance.assertions import assert_equal, assert_tensor_bitwise
 from conformance.cases import case
 from conformance.codec import placement_repr
 from conformance.impls import Impl
-from conformance.strategies import dtensor_pool_cases, dtypes, nested_empty_cases, tensors
+from conformance.strategies import (
+    dtensor_pool_cases,
+    dtypes,
+    large_mesh_cases,
+    large_mesh_nested_empty_cases,
+    nested_empty_cases,
+    tensors,
+)
 from shardspec.testing.devices import max_world_size
 
 
@@ -147,3 +154,49 @@ def test_empty_chunks_sit_at_n(impl: Impl, dcase: Any) -> None:
 def test_nested_empty_pieces_sit_at_the_end_of_their_parent(impl: Impl, dcase: Any) -> None:
     with case():
         check_empty_offsets(impl, *dcase)
+
+
+def check_mesh_boxes(impl: Impl, shape: Any, mesh: Any, placements: Any, empties: bool) -> None:
+    """Every coordinate's boxes of the whole layout hold the oracle's indices and, with
+    ``empties`` (Shard and Replicate only), its empty pieces sit where DTENSOR-6 puts them."""
+    ex = _describe(shape, mesh, placements)
+    per_coord = impl.dtensor_mesh_boxes(shape, mesh, placements)
+    coords = reference.mesh_coordinates(mesh)
+    assert_equal("len(coordinates)", len(per_coord), len(coords), ex)
+    for coord, boxes in zip(coords, per_coord):
+        got = reference.indices_of_boxes(boxes, len(shape))
+        assert_equal(
+            f"indices_at{coord}", got, reference.dtensor_indices(shape, mesh, placements, coord), ex
+        )
+        if empties:
+            want = reference.dtensor_empty_offsets(shape, mesh, placements, coord)
+            for d, at in enumerate(want):
+                if at is not None:
+                    assert_equal(f"boxes_at{coord}[0].offsets[{d}]", boxes[0].offsets[d], at, ex)
+
+
+# A checkpoint load builds each DTensor's layout for every rank of the job: from 64 mesh
+# coordinates shardspec builds it as int64 columns, another path than one coordinate's boxes.
+@pytest.mark.rule("DTENSOR-1", "DTENSOR-2", "DTENSOR-3", "DTENSOR-5", "DTENSOR-6", "DTENSOR-7")
+@given(large_mesh_cases())
+def test_whole_mesh_layouts_match_the_oracle(impl: Impl, dcase: Any) -> None:
+    shape, mesh, placements = dcase
+    plain = all(p[0] != "SS" for p in placements)
+    with case():
+        check_mesh_boxes(impl, shape, mesh, placements, empties=plain and _single_level(dcase))
+
+
+@pytest.mark.rule("DTENSOR-6")
+@pytest.mark.known_defect(
+    "torch",
+    "compute_local_shape_and_global_offset puts every empty shard at the global dim size, "
+    "nested ones too (on a large mesh as on a small one)",
+    raises=AssertionError,
+    match=r"^boxes_at\([\d, ]+\)\[\d+\]\.offsets\[\d+\]=\d+, but should be \d+ ",
+)
+@given(large_mesh_nested_empty_cases())
+def test_whole_mesh_nested_empty_pieces_sit_at_the_end_of_their_parent(
+    impl: Impl, dcase: Any
+) -> None:
+    with case():
+        check_mesh_boxes(impl, *dcase, empties=True)

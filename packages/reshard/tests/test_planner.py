@@ -230,15 +230,26 @@ def test_rank_plan_work_grows_with_its_pieces_not_n_times_m(
 @pytest.mark.rule("RESHARD-7")
 @given(valid_layouts(shapes(max_dims=3, max_side=6), max_ranks=4), st.data())
 def test_box_index_finds_exactly_the_overlapping_boxes(layout: Layout, data: st.DataObject) -> None:
+    import numpy as np
+
     boxes = list(dict.fromkeys(s.box for s in layout if not s.box.is_empty))
+    from_arrays = data.draw(st.booleans(), label="from arrays")
     with large_layout_paths(data.draw(st.booleans())):
-        index = BoxIndex(boxes, layout.shape)
+        if from_arrays:  # as a checkpoint's saved chunks arrive: offsets and sizes as arrays
+            nd = len(layout.shape)
+            offs_a = np.array([b.offsets for b in boxes], dtype=np.int64).reshape(len(boxes), nd)
+            sizes_a = np.array([b.sizes for b in boxes], dtype=np.int64).reshape(len(boxes), nd)
+            index = BoxIndex.of_arrays(offs_a, sizes_a, layout.shape)
+        else:
+            index = BoxIndex(boxes, layout.shape)
     for _ in range(3):
         offs = [data.draw(st.integers(0, n)) for n in layout.shape]
         sizes = [data.draw(st.integers(0, n - o)) for o, n in zip(offs, layout.shape)]
         q = Box(offs, sizes)
         expected = sorted(i for i, b in enumerate(boxes) if b.overlaps(q))
         assert sorted(index.query(q)) == expected, f"query {q} on {index.kind} index of {boxes}"
+        clipped = sorted((i, Box(o, n)) for i, o, n in index.query_clipped(q))
+        assert clipped == [(i, boxes[i].intersect(q)) for i in expected]
 
 
 @pytest.mark.rule("RESHARD-7")

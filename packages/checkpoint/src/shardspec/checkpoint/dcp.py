@@ -340,33 +340,12 @@ def _index_of(src: Layout) -> tuple[Any, list[int], BoxIndex]:
     saved_off, saved_sizes = src.box_arrays()
     kept_at = np.flatnonzero((saved_sizes > 0).all(axis=1))
     kept: list[int] = kept_at.tolist()
-    index = BoxIndex(
-        _Boxes(src, kept),
-        src.shape,
-        offsets=saved_off[kept_at],
-        stops=saved_off[kept_at] + saved_sizes[kept_at],
-    )
+    index = BoxIndex.of_arrays(saved_off[kept_at], saved_sizes[kept_at], src.shape)
     found = (kept_at, kept, index)
     if len(_INDEXES) >= _INDEXES_MAX:
         _INDEXES.clear()
     _INDEXES[id(src)] = (src, found)
     return found
-
-
-class _Boxes(Sequence[Box]):
-    """The boxes of ``layout`` at ``positions``, made when the index reads them (a grid
-    index reads only their count)."""
-
-    def __init__(self, layout: Layout, positions: list[int]) -> None:
-        self._layout, self._positions = layout, positions
-
-    def __len__(self) -> int:
-        return len(self._positions)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        return self._layout.shards[self._positions[i]].box
 
 
 @functools.lru_cache(maxsize=1024)

@@ -206,7 +206,7 @@ def _strided_arrays(saved: Layout, dst: Layout, itemsize: int) -> bool | None:
         q, b = np.nonzero((hi > lo).all(axis=2))
         lengths = hi[q, b] - lo[q, b]
     else:
-        index = BoxIndex(_RowBoxes(boxes, nd), dst.shape, offsets=b_off, stops=b_stop)
+        index = BoxIndex.of_arrays(b_off, boxes[:, nd:], dst.shape)
         many = index.query_clipped_many(c_off, c_sizes) if index.kind == "grid" else None
         if many is None:
             return None
@@ -222,23 +222,6 @@ def _strided_arrays(saved: Layout, dst: Layout, itemsize: int) -> bool | None:
     big = lengths.prod(axis=1) >= -(-STRIDED_MIN_BYTES // itemsize)
     short = run < -(-STRIDED_RUN_BYTES // itemsize)
     return bool((big & short).any())
-
-
-class _RowBoxes(Sequence[Box]):
-    """The boxes of the rows (offsets, sizes) of an int64 array, made when read (an index that
-    is a grid reads only their count)."""
-
-    def __init__(self, rows: Any, ndim: int) -> None:
-        self._rows, self._ndim = rows, ndim
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        row = self._rows[i].tolist()
-        return Box(tuple(row[: self._ndim]), tuple(row[self._ndim :]))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -70,6 +70,13 @@ class BoxIndex:
             self._boxes = listed = list(boxes)
             self._tree = _build_tree(listed, list(range(len(listed))), self._ndim)
 
+    @classmethod
+    def of_arrays(cls, offsets: Any, sizes: Any, shape: Sequence[int]) -> BoxIndex:
+        """The index of the boxes given as (m, ndim) int64 arrays (distinct, non-empty,
+        pairwise disjoint): a grid reads only the arrays; a tree or a scan makes the Box
+        objects it needs (thousands of saved chunks need not all become objects)."""
+        return cls(_ArrayBoxes(offsets, sizes), shape, offsets=offsets, stops=offsets + sizes)
+
     @property
     def kind(self) -> str:
         """``"grid"``, ``"tree"`` or ``"scan"`` (0-d or a few boxes): for tests and docs."""
@@ -298,3 +305,20 @@ def _cuts(boxes: list[Box], ids: list[int], d: int) -> list[tuple[int, list[int]
     if members:
         groups.append((group_start, members))
     return groups
+
+
+class _ArrayBoxes(Sequence[Box]):
+    """The boxes of (m, ndim) int64 arrays of offsets and sizes, each made when read."""
+
+    __slots__ = ("_offsets", "_sizes")
+
+    def __init__(self, offsets: Any, sizes: Any) -> None:
+        self._offsets, self._sizes = offsets, sizes
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return Box(tuple(self._offsets[i].tolist()), tuple(self._sizes[i].tolist()))

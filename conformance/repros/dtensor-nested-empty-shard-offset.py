@@ -19,7 +19,10 @@ DEFECT = {
     "chunk of the parent rows [0, 3), is reported at offset 5",
     "spec_says": "an empty piece sits at the end of the piece it was cut from: (0, 3) at 3, "
     "(1, 2) and (1, 3) at 5",
-    "tests": ["test_dtensor.py::test_nested_empty_pieces_sit_at_the_end_of_their_parent"],
+    "tests": [
+        "test_dtensor.py::test_nested_empty_pieces_sit_at_the_end_of_their_parent",
+        "test_dtensor.py::test_whole_mesh_nested_empty_pieces_sit_at_the_end_of_their_parent",
+    ],
 }
 
 # The per-coordinate helper that compute_local_shape_and_global_offset(shape, mesh, placements)

@@ -274,15 +274,7 @@ def chunk_overlaps(
         q, pos, lo, lengths = many
         si = kept_at[pos]
         local_off = np.asarray([o for o, _ in local], dtype=np.int64).reshape(-1, nd)
-        return list(
-            zip(
-                q.tolist(),
-                si.tolist(),
-                map(tuple, (lo - local_off[q]).tolist()),
-                map(tuple, (lo - saved_off[si]).tolist()),
-                map(tuple, lengths.tolist()),
-            )
-        )
+        return _overlap_rows(q, si, lo, lengths, local_off, saved_off)
     shards = src.shards
     for di, (off, size) in enumerate(local):
         for pos, lo_, sizes in index.query_clipped(Box(off, size)):
@@ -306,13 +298,21 @@ def _overlaps_of_all_pairs(
     hi = np.minimum((local_off + local_sizes)[:, None, :], (saved_off + saved_sizes)[None, :, :])
     q, si = np.nonzero((hi > lo).all(axis=2))
     at = lo[q, si]
+    return _overlap_rows(q, si, at, hi[q, si] - at, local_off, saved_off)
+
+
+def _overlap_rows(
+    q: Any, si: Any, at: Any, lengths: Any, local_off: Any, saved_off: Any
+) -> list[Overlap]:
+    """The overlaps as :data:`Overlap` tuples from arrays: local box ``q``, saved chunk ``si``,
+    global offsets ``at`` and ``lengths`` of each."""
     return list(
         zip(
             q.tolist(),
             si.tolist(),
             map(tuple, (at - local_off[q]).tolist()),
             map(tuple, (at - saved_off[si]).tolist()),
-            map(tuple, (hi[q, si] - at).tolist()),
+            map(tuple, lengths.tolist()),
         )
     )
 

@@ -236,7 +236,11 @@ class Impl:
         """A real ``dcp.save`` on ``save_pool``'s ranks of ``{"t": ShardedTensor of saved's
         boxes of tensor, "v": {"n": 7}, "w": 5}``; then, when ``damage`` says so, the file
         holding the largest chunk of ``t`` is cut short (``truncate``), removed (``remove``),
-        or the ``.metadata`` replaced by junk (``metadata``); then the implementation's
+        the ``.metadata`` replaced by junk (``metadata``), or the chunk list of ``t`` in it
+        made to leave a gap (``gap``: the largest chunk left out) or to overlap (``overlap``:
+        a chunk that stops short of the tensor's end in some dim moved one element along it,
+        its stored bytes found at its new offset; a gap when no chunk can move), each chunk
+        left finding bytes of its size; then the implementation's
         collective load (CKPT-23 to CKPT-27) on ``load_pool``'s ranks into ``{"t": load,
         "v": {"n": 0}, "w": 0}`` (``load`` as in :meth:`checkpoint_round_trip`, or ``{"kind":
         "plain"}``: a plain tensor on every rank) with ``reads``. Per load rank a RankResult
@@ -768,6 +772,11 @@ def _damage(path: str, how: str) -> str:
         return ".metadata"
     with open(meta, "rb") as f:
         md = pickle.load(f)  # written by this run's own dcp.save: trusted
+    if how in ("gap", "overlap"):
+        _spoil_chunk_list(md, how)
+        with open(meta, "wb") as f:
+            pickle.dump(md, f)
+        return ".metadata"
     # the file holding t's largest chunk (or v's, when t holds nothing)
     best: tuple[int, str, int, int] | None = None
     for index, info in md.storage_data.items():
@@ -789,8 +798,39 @@ def _damage(path: str, how: str) -> str:
     elif how == "truncate":
         os.truncate(name, offset + length // 2)
     else:
-        raise ValueError(f"damage must be metadata, remove or truncate, got {how!r}")
+        raise ValueError(f"damage must be metadata, remove, truncate, gap or overlap, got {how!r}")
     return rel
+
+
+def _spoil_chunk_list(md: Any, how: str) -> None:
+    """Spoil the chunk list of ``t`` in ``md`` (a valid one, of a non-empty tensor) in place
+    as :func:`_damage` says, the stored bytes left as they are: each chunk that stays still
+    finds bytes of its own size, so only the chunk check (CKPT-1) can tell."""
+    import dataclasses
+
+    import torch
+
+    smd = md.state_dict_metadata["t"]
+    shape = list(smd.size)
+    stored = [k for k in md.storage_data if k.fqn == "t"]
+    chunks = sorted((c for c in smd.chunks if c.sizes.numel()), key=lambda c: -int(c.sizes.numel()))
+    if not chunks:
+        raise ValueError("a gap or an overlap needs a tensor with a non-empty chunk")
+    if how == "overlap":
+        # the chunks tile the tensor, so a chunk that stops short of the tensor's end in a
+        # dim, moved one element along it, covers an element of another chunk
+        for c in chunks:
+            for d, (o, n) in enumerate(zip(c.offsets, c.sizes)):
+                if o + n < shape[d]:
+                    key = next(k for k in stored if list(k.offset) == list(c.offsets))
+                    c.offsets = torch.Size([o + (k == d) for k, o in enumerate(c.offsets)])
+                    moved = dataclasses.replace(key, offset=c.offsets)
+                    md.storage_data[moved] = md.storage_data.pop(key)
+                    return
+    # no chunk can move (one holds the whole tensor), or a gap asked for: the largest goes
+    smd.chunks.remove(chunks[0])
+    key = next(k for k in stored if list(k.offset) == list(chunks[0].offsets))
+    del md.storage_data[key]
 
 
 def _dtype_name(tensor: Any) -> str:

@@ -39,7 +39,9 @@ DEFECT = {
     "spec_says": "a checkpoint whose chunks leave a gap is refused before any read (CKPT-1)",
     "tests": [
         "test_checkpoint_load.py::"
-        "test_a_load_through_the_planner_fills_a_valid_checkpoint_and_refuses_a_damaged_one"
+        "test_a_load_through_the_planner_fills_a_valid_checkpoint_and_refuses_a_damaged_one",
+        "test_checkpoint_collective_load.py::"
+        "test_a_collective_load_refuses_a_chunk_list_with_a_gap_or_an_overlap_on_every_rank",
     ],
 }
 

@@ -7,7 +7,8 @@ filled in place, a top-level one replaced, as ``dcp.load`` does); with
 ``reads="once"`` no byte of the checkpoint is read by two ranks and the job reads the tensor's
 bytes exactly once, counted by the ranks themselves; with ``reads="own"`` each rank reads the
 bytes of its own boxes. A damaged checkpoint fails on every rank with the same error, naming
-the file, and no rank returns."""
+the file, and no rank returns; one whose chunk list leaves a gap or overlaps (each chunk still
+finding bytes of its size) is refused on every rank with the same error naming the tensor."""
 
 from __future__ import annotations
 
@@ -352,3 +353,66 @@ def test_a_safetensors_checkpoint_loads_the_reference_on_every_rank(
             assert_equal("tensor bytes read by the job", sum(s["data_bytes"] for s in stats),
                          nbytes, ex)  # fmt: skip
             _check_no_byte_read_twice([s["ranges"] for s in stats], ex)
+
+
+@st.composite
+def spoiled_chunk_lists(draw: st.DrawFn) -> dict[str, Any]:
+    """A collective load (as :func:`collective_loads` draws it) of a non-empty tensor whose
+    saved chunk list in ``.metadata`` was made to leave a gap or to overlap, each chunk still
+    finding stored bytes of its size."""
+    c = draw(round_trips().filter(lambda c: c["tensor"].numel() > 0))
+    if draw(st.integers(0, 4)) == 0:
+        c["load"] = {"kind": "plain"}
+    c["reads"] = draw(st.sampled_from(READS))
+    c["damage"] = draw(st.sampled_from(["gap", "overlap"]))
+    return c
+
+
+# The rows of ROWS_TO_COLUMNS_BF16: rows 0-1 (the largest chunk) left out, read once; or
+# those rows moved down one (row 0 in no chunk, row 2 in two), each rank reading for itself.
+GAP_ONCE = {**ROWS_TO_COLUMNS_BF16, "reads": "once", "damage": "gap"}
+OVERLAP_OWN = {**ROWS_TO_COLUMNS_BF16, "reads": "own", "damage": "overlap"}
+
+
+def _spoiled_examples(test: Any) -> Any:
+    """Both explicit examples on pools; on simulated worlds the gap on the smallest world (a
+    known defect must show in every run that names it)."""
+    if simulated_worlds():
+        w = min(simulated_worlds())
+        return example({**GAP_ONCE, "save_world": w, "load_world": w})(test)
+    return example(OVERLAP_OWN)(example(GAP_ONCE)(test))
+
+
+@pytest.mark.rule("CKPT-1", "CKPT-26")
+@pytest.mark.known_defect(
+    "torch",
+    "dcp.load checks no saved chunk list: a checkpoint whose chunks leave a gap or overlap "
+    "loads silently, the elements no chunk holds keeping their old values (repro "
+    "dcp-load-damaged-checkpoint-silently)",
+    raises=AssertionError,
+    match=r"^(ranks that returned|distinct errors|the error names the tensor)",
+)
+@pytest.mark.pool
+@settings(max_examples=min(10, settings.default.max_examples), deadline=None)
+@given(spoiled_chunk_lists())
+@_spoiled_examples
+def test_a_collective_load_refuses_a_chunk_list_with_a_gap_or_an_overlap_on_every_rank(
+    impl: Impl, pools: Any, c: dict[str, Any]
+) -> None:
+    """CKPT-1 through the collective load: a chunk list that does not tile the tensor is
+    refused on every rank with the same error, naming the tensor's key, whatever the read
+    mode and the destination (CKPT-26). Every chunk left still finds bytes of its own size,
+    so a load that skips the check returns, holding what no chunk gave."""
+    ex = _describe(c)
+    with case():
+        results = impl.checkpoint_collective_load(
+            pools(c["save_world"]), pools(c["load_world"]), c["saved"], c["tensor"], c["load"],
+            c["reads"], c["damage"], ex,
+        )  # fmt: skip
+        errors = [r.value["error"] for r in results]
+        assert_equal("ranks that returned", [e is None for e in errors], [False] * len(errors),
+                     ex)  # fmt: skip
+        assert_equal("distinct errors", len(set(errors)), 1, ex)
+        first = str(errors[0])
+        assert_equal("the error names the tensor ('t')", bool(re.search(r"['\"]t['\"]", first)),
+                     True, f"{ex}: {first}")  # fmt: skip

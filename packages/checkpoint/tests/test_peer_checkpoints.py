@@ -120,3 +120,30 @@ def test_diff_and_reshard_accept_a_megatron_checkpoint(
         dcp.load(state, checkpoint_id=str(dst), no_dist=True)
     for key, t in values().items():
         assert torch.equal(state[key], t), key
+
+
+@pytest.mark.rule("CKPT-21", "CKPT-23", "CKPT-24")
+@pytest.mark.parametrize("path", CHECKPOINTS)
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("reads", ["own", "once"])
+def test_the_collective_load_reads_it_on_another_world(path: Path, world: int, reads: str) -> None:
+    """``shardspec.checkpoint.load`` into DTensors split by rows over 2 ranks (as saved for
+    two tensors, across the saved grid and replicas for the others) and over 3: every tensor
+    the writer's values, Megatron's common state what ``dcp.load`` gives (the value in a
+    list), and the job reads each saved tensor byte once either way (no destination box is
+    held twice)."""
+    from dcp_load_cases import load_peer
+
+    from shardspec.testing import get_pool
+
+    want = values()
+    dt = {k: (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in want.items()}
+    common = "common_state/shard_0_1"
+    results = get_pool(world, timeout=180).call(load_peer, str(path), dt, [common], reads)
+    for r in results:
+        for key, t in r["tensors"].items():
+            assert t.dtype == want[key].dtype and torch.equal(t, want[key]), (key, t)
+        assert r["values"] == {common: [COMMON]}
+        assert r["stats"]["reads"] == reads
+    saved = sum(t.numel() * t.element_size() for t in want.values())
+    assert sum(r["stats"]["data_bytes"] for r in results) == saved

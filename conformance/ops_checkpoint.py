@@ -135,7 +135,8 @@ def _collective_load(
     ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
 ) -> tuple[Any, list[torch.Tensor]]:
     """A collective load of ``path`` into ``{"t": tensor, "v": {"n": 0}, "w": 0}`` (``{"t":
-    tensor}`` from a safetensors checkpoint, ``safetensors``): with shardspec,
+    tensor}`` from a safetensors checkpoint, ``safetensors``, or with ``tensor_only``, as a
+    checkpoint another library wrote holds no such values): with shardspec,
     ``shardspec.checkpoint.load`` with ``reads`` (tracing the byte ranges each rank read);
     with torch, ``dcp.load`` with DCP's default planner and reader (its only way to read), or
     with its ``HuggingFaceStorageReader``.
@@ -149,7 +150,8 @@ def _collective_load(
     else:
         obj = _target(ctx, args, ts, via)
     hf = bool(args.get("safetensors"))
-    sd: dict[str, Any] = {KEY: obj} if hf else {KEY: obj, "v": {"n": 0}, "w": 0}
+    alone = hf or bool(args.get("tensor_only"))
+    sd: dict[str, Any] = {KEY: obj} if alone else {KEY: obj, "v": {"n": 0}, "w": 0}
     facts: dict[str, Any] = {"error": None, "stats": None}
     try:
         if via == "shardspec":
@@ -173,7 +175,7 @@ def _collective_load(
             dcp.load(sd, checkpoint_id=args["path"])
     except BaseException as e:  # DCP's CheckpointException is a BaseException
         facts["error"] = f"{type(e).__name__}: {e}"
-    facts["value"] = None if hf else {"v": sd["v"], "w": sd["w"]}
+    facts["value"] = None if alone else {"v": sd["v"], "w": sd["w"]}
     if args["kind"] == "sharded":
         return facts, [s.tensor for s in obj.local_shards()]
     if args["kind"] == "dtensor":

@@ -3,8 +3,8 @@ the implementation's own grid forms, replicas included, loads on another world s
 bit (CKPT-3 end to end); a save of an invalid layout (a gap, an overlap) is refused on every
 rank and leaves no ``.metadata`` (CKPT-4); a damaged checkpoint (a data file missing or cut
 short, no ``.metadata``) is refused on every rank (CKPT-16); and a peer's checkpoint is read
-by shardspec's tools: ``inspect``, ``verify`` and a load with shardspec's planner and reader
-(CKPT-21).
+by shardspec's tools: ``inspect``, ``verify``, a load with shardspec's planner and reader
+(CKPT-21) and ``shardspec.checkpoint.load`` with each read mode (CKPT-23, CKPT-24).
 
 These are the questions a peer (Megatron-Core) answers; shardspec and torch answer the first
 three through DCP."""
@@ -389,4 +389,13 @@ def test_a_peers_checkpoint_is_read_by_shardspecs_tools(
                   for r in range(pool.world_size)]  # fmt: skip
         results = pool.run("checkpoint.load", args, per_rank_tensors=inputs, example=ex)
         _check_loaded(results, {"kind": "sharded", "layout": layout_to_json(dst)}, t, ex)
+        # and shardspec's collective load (CKPT-23, CKPT-24), reading each way
+        for reads in ("own", "once"):
+            how = f"{ex}; shardspec.checkpoint.load(reads={reads!r})"
+            collective = {**args, "reads": reads, "tensor_only": True}
+            results = pool.run("checkpoint.collective_load", collective,
+                               per_rank_tensors=inputs, example=how)  # fmt: skip
+            errors = [r.value["error"] for r in results]
+            assert_equal("load errors", errors, [None] * len(errors), how, "CKPT-23")
+            _check_loaded(results, {"kind": "sharded", "layout": layout_to_json(dst)}, t, how)
         assert os.path.isdir(path)

@@ -13,6 +13,7 @@ from shardspec.testing.fsdp_model import (
     DIMS,
     LINEARS,
     check_dtensor_entries as _check_dtensor_entries,
+    fsdp2_on_mesh,
     make_model,
     reference_step,
     tp_plan,
@@ -109,24 +110,6 @@ RESUME_MESHES = ((4, 1), (2, 2), (1, 4), (2, 2, 1))
 RESUME_SOURCES = ("sharded", "full", "unsharded")
 
 
-def _fsdp2_on(model: Any, shape: tuple[int, ...]) -> Any:
-    """``model`` under FSDP2 on a (*outer, dp, tp) mesh of the world: TP when tp > 1, HSDP
-    over (outer, dp) when there is an outer dim."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor.parallel import parallelize_module
-
-    names = (*(f"rep{i}" for i in range(len(shape) - 2)), "dp", "tp")
-    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
-    if shape[-1] > 1:
-        parallelize_module(model, mesh["tp"], tp_plan())
-    fsdp_mesh = mesh[names[:-1]] if len(shape) > 2 else mesh["dp"]
-    for i in LINEARS:
-        fully_shard(model[i], mesh=fsdp_mesh)
-    fully_shard(model, mesh=fsdp_mesh)
-    return model
-
-
 def _full(value: Any) -> Any:
     return value.full_tensor() if hasattr(value, "full_tensor") else value
 
@@ -163,14 +146,14 @@ def resume_world(rank: int, world: int, cases: list[list[Any]]) -> dict[str, lis
         if source == "unsharded":
             msd, osd = get_model_state_dict(ref), get_optimizer_state_dict(ref, ref_opt)
         else:
-            src = _fsdp2_on(make_model(), tuple(src_shape))
+            src = fsdp2_on_mesh(make_model(), tuple(src_shape))
             opt = torch.optim.Adam(src.parameters(), lr=0.1)
             src(x).sum().backward()
             opt.step()
             options = StateDictOptions(full_state_dict=source == "full")
             msd = get_model_state_dict(src, options=options)
             osd = get_optimizer_state_dict(src, opt, options=options)
-        dst = _fsdp2_on(make_model(seed=5), tuple(dst_shape))
+        dst = fsdp2_on_mesh(make_model(seed=5), tuple(dst_shape))
         dst_opt = torch.optim.Adam(dst.parameters(), lr=0.1)
         new_msd, new_osd = reshard_for(dst, msd, osd)
         assert new_osd is not None

@@ -4,8 +4,10 @@ layouts, and report every local tensor that differs from the reference slice of 
 tensor (what ``distribute_tensor`` / the shard metadata say the rank holds).
 
 A tensor is described as ``(kind, ...)``: ``("dt", mesh_shape, placements)`` with placements
-``("S", dim)`` / ``("R",)``, ``("st", layout)`` for a ShardedTensor, ``("plain",)`` for a
-regular tensor every rank holds whole."""
+``("S", dim)`` / ``("R",)`` (``("dt", mesh_shape, placements, d)``: on the sub-mesh of mesh
+dim ``d``, one placement, each rank on the mesh of its own coordinate in the other dims),
+``("st", layout)`` for a ShardedTensor, ``("plain",)`` for a regular tensor every rank holds
+whole."""
 
 from __future__ import annotations
 
@@ -33,7 +35,11 @@ def _build(full: torch.Tensor, how: tuple[Any, ...], zero: bool) -> Any:
         return src.clone()
     if how[0] == "st":
         return make_sharded_tensor(src, how[1])
-    mesh = init_device_mesh("cpu", how[1])
+    if len(how) > 3:  # on the sub-mesh of mesh dim how[3]: a mesh of part of the world
+        names = tuple(f"d{i}" for i in range(len(how[1])))
+        mesh = init_device_mesh("cpu", how[1], mesh_dim_names=names)[names[how[3]]]
+    else:
+        mesh = init_device_mesh("cpu", how[1])
     if any(p[0] == "SS" for p in how[2]):
         # torch's distribute_tensor asserts on a leading _StridedShard; ours places it
         # (DTENSOR-7), and the "default" load (dcp.load) checks it independently
@@ -175,7 +181,8 @@ def load_failing(
     tweak: str = "",
 ) -> str:
     """``shardspec.checkpoint.load`` expected to fail; ``tweak`` spoils rank 1's state dict
-    ("shape", "dtype", "key", "kind", "plain") or every rank's ("missing"). Returns what this rank
+    ("shape", "dtype", "key", "kind", "plain"), rank 3's (``submesh``: its first entry, a
+    DTensor on a sub-mesh, replicated) or every rank's ("missing"). Returns what this rank
     raised (type and message) or "no error"."""
     from shardspec.checkpoint.collective_load import load as collective_load
 
@@ -195,6 +202,14 @@ def load_failing(
         sd[first] = 7
     elif rank == 1 and tweak == "plain":  # fine on its own, but not what the others hold
         sd[first] = torch.zeros(entries[0][0][1], dtype=getattr(torch, entries[0][0][2]))
+    elif rank == 3 and tweak == "submesh":  # its mesh's other rank shards it; it replicates
+        from torch.distributed.tensor import DTensor, Replicate
+
+        held = sd[first]  # made without a collective, which rank 1 would not join
+        sd[first] = DTensor.from_local(
+            torch.zeros(held.shape, dtype=held.dtype), held.device_mesh, [Replicate()],
+            run_check=False,
+        )  # fmt: skip
     try:
         collective_load(sd, path, reads=reads)
     except Exception as e:

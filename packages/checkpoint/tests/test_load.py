@@ -272,3 +272,57 @@ def test_strided_shards_of_fsdp2_with_tp_load(
     results = pools[4].call(load, str(tmp_path), entries(STRIDED, 2), mode)
     failures = [f for r in results for f in r["failures"]]
     assert not failures, failures
+
+
+# Saved on 4, loaded on 4 into DTensors on meshes of part of the world: the mesh of dim 0 of a
+# 2x2 mesh for each coordinate of dim 1 (FSDP2 + TP's modules outside the TP plan: ranks 0, 2
+# and 1, 3), the mesh of dim 1 (ranks 0, 1 and 2, 3), and four meshes of one rank each (every
+# rank holds the whole tensor: replicas, so "auto" reads once).
+SUBMESHES = [
+    (("sub.rows", (7, 3), "float32"), ("dt", (4,), [("S", 1)]), ("dt", (2, 2), [("S", 0)], 0)),
+    (
+        ("sub.cols", (5, 6), "bfloat16"),
+        ("dt", (4,), [("S", 0)]),
+        ("dt", (2, 2), [("S", 1)], 1),
+    ),
+    (
+        ("sub.alone", (3, 4), "int32"),
+        ("dt", (2, 2), [("S", 0), ("S", 1)]),
+        ("dt", (4, 1), [("S", 0)], 1),
+    ),
+]
+
+
+@pytest.mark.rule("CKPT-23", "CKPT-24", "CKPT-25")
+@pytest.mark.parametrize("mode", MODES)
+def test_dtensors_on_meshes_of_part_of_the_group_load(
+    pools: dict[int, RankPool], tmp_path: Path, mode: str
+) -> None:
+    pools[4].call(save, str(tmp_path), entries(SUBMESHES, 1), True)
+    stats = check(pools[4], tmp_path, entries(SUBMESHES, 2), mode)
+    if mode != "load-own":
+        # every rank wants what its mesh's siblings want too: read once, moved to each
+        assert stats[0]["reads"] == "once", stats
+        assert sum(s["data_bytes"] for s in stats) == saved_data_bytes(entries(SUBMESHES, 2))
+
+
+@pytest.mark.rule("CKPT-23", "CKPT-26")
+@pytest.mark.parametrize(
+    ("tweak", "words"),
+    [
+        # rank 3 replicates on the mesh of ranks 1 and 3, where rank 1 shards
+        ("submesh", ["ranks 0-3: ValueError: 'sub.rows': ranks 3 and 1 hold it on one mesh"]),
+        # rank 1 fails before the exchange of meshes the others go into: no hang, one error
+        ("key", ["rank 1: ValueError: 'not.saved' of the state dict is not in the checkpoint"]),
+        ("missing", ["ranks 0-3: ValueError: 'not.saved' of the state dict is not in"]),
+    ],
+)
+def test_ranks_that_do_not_agree_on_sub_meshes_fail_alike(
+    pools: dict[int, RankPool], tmp_path: Path, tweak: str, words: list[str]
+) -> None:
+    pools[4].call(save, str(tmp_path), entries(SUBMESHES, 1), True)
+    answers = pools[4].call(load_failing, str(tmp_path), entries(SUBMESHES, 2), "auto", tweak)
+    error = same_error_everywhere(answers)
+    assert "no data was read" in error, error
+    for w in words:
+        assert w in error, (w, error)

@@ -10,7 +10,9 @@ the group:
    with the restricted reader (CKPT-23).
 2. Each rank derives, from the metadata and the state dict, every tensor's destination layout
    (a DTensor's placements and a ShardedTensor's metadata give every rank's boxes; a plain
-   tensor is wanted whole on every rank) and the same read plan (:mod:`.load_reads`). One
+   tensor is wanted whole on every rank; a DTensor on a mesh of part of the group is put
+   together from every rank's mesh by :mod:`.load_submeshes`, after an agreement that every
+   rank holds the same such keys) and the same read plan (:mod:`.load_reads`). One
    agreement (a gather to rank 0 and its broadcast verdict) settles a digest of it and every
    rank's own checks: a key, shape or dtype mismatch, a bad chunk list, anything, raises the
    same :class:`LoadError` on every rank before a byte of data is read. No plan is gathered
@@ -46,6 +48,7 @@ from .dcp_files import UnsupportedItem
 from .dcp_reader import WHOLE_ITEM_BYTES, CheckpointReadError
 from .load_exchange import BYTES_KEY, Target, exchange, replicated
 from .load_reads import Run, TensorReads, assign_reads, choose_reads
+from .load_submeshes import whole_layouts
 
 if TYPE_CHECKING:
     import torch
@@ -178,19 +181,35 @@ def _load(
                 v = v.state_dict()
             stateful_sd[k] = v
         flat, mappings = flatten_state_dict(stateful_sd)
-        targets, values = _targets(flat, md, path, group, rank, world)
-        if mode != "own":  # "once" reads every saved box as an object, "auto" arrays first
-            plans = [
-                TensorReads(t.key, t.saved.properties.dtype.itemsize, t.chunks, t.dst)
-                for t in targets
-            ]
-            if mode == "auto":
-                mode = choose_reads(plans)
-            if mode == "once":
-                runs = assign_reads([p for p in plans if p.dst.numel], world)
-        digest = _digest(mode, max_buffer_bytes, targets, values)
+        targets, values, partial = _targets(flat, md, path, group, rank, world)
     except Exception as e:  # every rank must hear of it, or the others would wait
         error = f"{type(e).__name__}: {e}"
+        partial = []
+    if error is None and partial:
+        # DTensors on meshes of part of the group: once the ranks agree they hold the same
+        # such keys (a rank that failed, or holds none, meets this agreement with its final
+        # one and every rank raises), all join the exchange of their meshes (CKPT-23).
+        _agree(_partial_digest(targets, values, partial), None, group, comm, "no data was read")
+        try:
+            parts = [(targets[i].key, targets[i].dst) for i in partial]
+            for i, whole in zip(partial, whole_layouts(parts, rank, group, comm)):
+                targets[i].dst = whole
+        except Exception as e:  # the same on every rank: they all hold the same reports
+            error = f"{type(e).__name__}: {e}"
+    if error is None:
+        try:
+            if mode != "own":  # "once" reads every saved box as an object, "auto" arrays first
+                plans = [
+                    TensorReads(t.key, t.saved.properties.dtype.itemsize, t.chunks, t.dst)
+                    for t in targets
+                ]
+                if mode == "auto":
+                    mode = choose_reads(plans)
+                if mode == "once":
+                    runs = assign_reads([p for p in plans if p.dst.numel], world)
+            digest = _digest(mode, max_buffer_bytes, targets, values)
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
     _agree(digest, error, group, comm, "no data was read")
     stats.reads = mode
     now = time.perf_counter()
@@ -342,9 +361,11 @@ def _targets(
     group: dist.ProcessGroup | None,
     rank: int,
     world: int,
-) -> tuple[list[Target], list[tuple[str, Any]]]:
+) -> tuple[list[Target], list[tuple[str, Any]], list[int]]:
     """Each tensor of the flattened state dict with its destination layout and this rank's
-    destination tensors; and the non-tensor values, with their storage metadata."""
+    destination tensors; the non-tensor values, with their storage metadata; and the indices
+    of the targets that are DTensors on a mesh of part of the group (their layout is their
+    mesh's alone: :func:`.load_submeshes.whole_layouts` completes it)."""
     import torch
     from torch.distributed._shard.sharded_tensor.api import ShardedTensor
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
@@ -358,6 +379,7 @@ def _targets(
     saved = md.state_dict_metadata
     targets: list[Target] = []
     values: list[tuple[str, Any]] = []
+    partial: list[int] = []
     ranks = _group_ranks(group, world)
     for fqn in sorted(flat):
         obj = flat[fqn]
@@ -403,6 +425,8 @@ def _targets(
             else:
                 outs = [local[sl] for sl in dtensor_local_slices(boxes)] if boxes else []
             dst = _in_group(layout, group, ranks)
+            if obj.device_mesh.size() < world:
+                partial.append(len(targets))
         elif isinstance(obj, ShardedTensor):
             layout, outs = sharded_tensor_layout(obj)
             dst = _in_group(layout, group, ranks)
@@ -410,7 +434,7 @@ def _targets(
             dst = replicated(shape, world)
             outs = [obj]
         targets.append(Target(fqn, smd, dst, outs, chunks))
-    return targets, values
+    return targets, values, partial
 
 
 def _group_ranks(group: dist.ProcessGroup | None, world: int) -> dict[int, int] | None:
@@ -449,6 +473,16 @@ def _digest(
     for t in targets:
         h.update(t.key.encode() + b"\0")
         h.update(t.dst.fingerprint())
+    return h.digest()
+
+
+def _partial_digest(
+    targets: list[Target], values: list[tuple[str, Any]], partial: list[int]
+) -> bytes:
+    """What ranks agree on before they exchange their meshes: every key, and which are
+    DTensors on part of the group (never equal to a :func:`_digest`)."""
+    h = hashlib.blake2b(digest_size=_DIGEST, person=b"submeshes")
+    h.update(repr(([t.key for t in targets], [v[0] for v in values], partial)).encode())
     return h.digest()
 
 

@@ -18,7 +18,7 @@ DIMS = (10, 7, 5, 14, 6, 3)
 LINEARS = (0, 2, 4, 6, 8)
 
 
-def make_model(seed: int = 0) -> nn.Module:
+def make_model(seed: int = 0) -> nn.Sequential:
     torch.manual_seed(seed)
     layers: list[nn.Module] = []
     for i in range(len(DIMS) - 1):
@@ -50,6 +50,24 @@ def tp_plan() -> dict[str, Any]:
         "4": ColwiseParallel(use_local_output=False),
         "6": RowwiseParallel(),
     }
+
+
+def fsdp2_on_mesh(model: nn.Sequential, shape: tuple[int, ...]) -> nn.Sequential:
+    """``model`` (:func:`make_model`'s) under FSDP2 on a (*outer, dp, tp) mesh of the world: TP when tp > 1, HSDP
+    over (outer, dp) when there is an outer dim."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    names = (*(f"rep{i}" for i in range(len(shape) - 2)), "dp", "tp")
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    if shape[-1] > 1:
+        parallelize_module(model, mesh["tp"], tp_plan())
+    fsdp_mesh = mesh[names[:-1]] if len(shape) > 2 else mesh["dp"]
+    for i in LINEARS:
+        fully_shard(model[i], mesh=fsdp_mesh)
+    fully_shard(model, mesh=fsdp_mesh)
+    return model
 
 
 def clean(fqn: str) -> str:

@@ -185,11 +185,19 @@ def _collective_load(
 
 
 def _filled_dtensor(ctx: Context, args: dict[str, Any], dtype: torch.dtype, via: str) -> Any:
-    """A DTensor of ``fill`` (every rank makes its own piece: no collective, no scatter)."""
+    """A DTensor of ``fill`` (every rank makes its own piece: no collective, no scatter). With
+    ``sub`` = d, on the sub-mesh of mesh dim d with its placement alone: each rank on the mesh
+    of its own coordinates in the other dims (whose placements must be Replicate: the
+    layout of the whole world is then the mesh's own with them)."""
     from torch.distributed.tensor import distribute_tensor
 
-    mesh = dtensor_mesh(ctx, args)
     placements = placements_from_json(args["placements"])
+    if args.get("sub") is not None:
+        d = int(args["sub"])
+        mesh = ctx.mesh(tuple(args["mesh"]), args.get("order"), flatten=True)[f"d{d}"]
+        placements = [placements[d]]
+    else:
+        mesh = dtensor_mesh(ctx, args)
     full = torch.full(tuple(args["shape"]), args["fill"], dtype=dtype, device=ctx.device)
     if via == "shardspec":
         from shardspec.reshard.dtensor_io import distribute_dtensor

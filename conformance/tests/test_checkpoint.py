@@ -193,6 +193,11 @@ def _describe_load(load: dict[str, Any]) -> str:
     if load["kind"] == "sharded":
         return f"ShardedTensor {describe_layout(layout_from_json(load['layout']))}"
     pl = ", ".join(placement_repr(p) for p in load["placements"])
+    if load.get("sub") is not None:
+        d = load["sub"]
+        own = placement_repr(load["placements"][d])
+        mesh = tuple(load["mesh"])
+        return f"DTensors on the sub-meshes of dim {d} of mesh {mesh} [{own}] (as [{pl}])"
     return f"DTensor on mesh {tuple(load['mesh'])} [{pl}]"
 
 

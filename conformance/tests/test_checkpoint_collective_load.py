@@ -44,9 +44,22 @@ def collective_loads(draw: st.DrawFn) -> dict[str, Any]:
     c = draw(round_trips())
     if draw(st.integers(0, 4)) == 0:
         c["load"] = {"kind": "plain"}
+    _maybe_on_sub_meshes(draw, c["load"])
     c["reads"] = draw(st.sampled_from(READS))
     c["damage"] = draw(st.sampled_from([None] * 12 + ["truncate", "remove", "metadata"]))
     return c
+
+
+def _maybe_on_sub_meshes(draw: st.DrawFn, load: dict[str, Any]) -> None:
+    """One time in three, a DTensor destination on a mesh of 2+ dims goes onto the sub-meshes
+    of one dim (as FSDP2 + TP puts a module outside the TP plan on the DP mesh of each TP
+    coordinate): each rank sees only its own mesh (CKPT-23). The other dims become Replicate,
+    which is what the whole world holds."""
+    if load["kind"] != "dtensor" or len(load["mesh"]) < 2 or draw(st.integers(0, 2)):
+        return
+    d = draw(st.integers(0, len(load["mesh"]) - 1))
+    load["placements"] = [p if i == d else ["R"] for i, p in enumerate(load["placements"])]
+    load["sub"] = d
 
 
 def _describe(c: dict[str, Any]) -> str:
@@ -104,6 +117,15 @@ ROWS_TO_PLAIN_ONCE = {**ROWS_TO_COLUMNS_BF16, "load": {"kind": "plain"}, "reads"
 TRUNCATED_ONCE = {**ROWS_TO_COLUMNS_BF16, "reads": "once", "damage": "truncate"}
 # rows -> columns through reads="own" and reads="auto"
 ROWS_TO_COLUMNS_OWN = {**ROWS_TO_COLUMNS_BF16, "reads": "own", "damage": None}
+# Rows saved on 3, loaded on 4 into DTensors on the two meshes of dim 0 of a 2x2 mesh (ranks
+# 0, 2 and 1, 3: FSDP2 + TP's modules outside the TP plan): each rank sees its own mesh only.
+ON_SUB_MESHES_AUTO = {
+    **ROWS_TO_COLUMNS_BF16,
+    "load_world": 4,
+    "load": {"kind": "dtensor", "mesh": [2, 2], "placements": [["S", 1], ["R"]], "sub": 0},
+    "reads": "auto",
+    "damage": None,
+}
 REPLICATED_AUTO = {
     "save_world": 2,
     "load_world": 4,
@@ -212,6 +234,7 @@ def _examples(test: Any) -> Any:
         w = min(simulated_worlds())
         return example({**TRUNCATED_ONCE, "save_world": w, "load_world": w})(test)
     for ex in (
+        ON_SUB_MESHES_AUTO,
         REPLICATED_AUTO,
         ROWS_TO_COLUMNS_OWN,
         TRUNCATED_ONCE,

@@ -332,3 +332,31 @@ def load_peer(
         dist.all_gather_object(gathered, local)
         out[name] = torch.cat(gathered) if local.dim() else gathered[0]
     return {"tensors": out, "values": {n: sd[n] for n in values}, "stats": vars(stats)}
+
+
+class _Unreportable:
+    """A layout whose report cannot be built (its ranks raise)."""
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        raise RuntimeError("no ranks here")
+
+
+def whole_layouts_of(rank: int, world: int, case: str) -> str:
+    """:func:`shardspec.checkpoint.load_submeshes.whole_layouts` on 2 ranks, each reporting
+    tensor "x" of 4 elements: ``ok`` (each rank its own mesh, holding all of it), ``shared``
+    (rank 0's mesh holds ranks 0 and 1, rank 1's only itself), ``unreportable`` (rank 1's
+    report cannot be built). Returns the whole layout's shards, or the error raised."""
+    from shardspec.checkpoint.load_submeshes import whole_layouts
+    from shardspec.metadata import Box, Layout, Shard
+
+    mine: Any = Layout((4,), [Shard(Box((0,), (4,)), rank)])
+    if case == "shared" and rank == 0:
+        mine = Layout((4,), [Shard(Box((0,), (2,)), 0), Shard(Box((2,), (2,)), 1)])
+    if case == "unreportable" and rank == 1:
+        mine = _Unreportable()
+    try:
+        (whole,) = whole_layouts([("x", mine)], rank, None, torch.device("cpu"))
+    except ValueError as e:
+        return f"ValueError: {e}"
+    return repr([(s.box.offsets, s.box.sizes, s.rank) for s in whole.shards])

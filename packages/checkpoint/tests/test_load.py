@@ -326,3 +326,23 @@ def test_ranks_that_do_not_agree_on_sub_meshes_fail_alike(
     assert "no data was read" in error, error
     for w in words:
         assert w in error, (w, error)
+
+
+@pytest.mark.rule("CKPT-23", "CKPT-26")
+@pytest.mark.parametrize(
+    ("case", "want"),
+    [
+        ("ok", "[((0,), (4,), 0), ((0,), (4,), 1)]"),
+        ("shared", "ValueError: 'x': rank 1 is in two of its meshes (led by ranks 0 and 1); "
+                   "the meshes a DTensor is on must not share ranks"),
+        ("unreportable", "ValueError: a DTensor's mesh could not be reported: rank 1: "
+                         "RuntimeError: no ranks here"),
+    ],
+)  # fmt: skip
+def test_the_whole_layout_of_sub_meshes_is_the_same_on_every_rank_or_fails_on_all(
+    case: str, want: str
+) -> None:
+    from dcp_load_cases import whole_layouts_of
+
+    answers = get_pool(2, timeout=180).call(whole_layouts_of, case)
+    assert answers == [want, want], answers

@@ -1,7 +1,8 @@
 """shardspec's DCP planners and `shardspec inspect` on TorchRec checkpoints
 (spec/09-checkpoint.md, CKPT-3, CKPT-6): a sharded EmbeddingBagCollection (tables 11x8, 7x16,
 5x8: rows divide by neither 2 nor 4) saved under one plan and loaded under another on fewer,
-the same and more gloo ranks, with our LoadPlanner and DCP's default."""
+the same and more gloo ranks, with our LoadPlanner, DCP's default and the collective
+``shardspec.checkpoint.load`` (CKPT-23), each rank's bytes the reference's."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ COLUMN_WISE_4 = {
 TABLE_WISE_4 = {"t0": S("table_wise", 3), "t1": S("table_wise", 2), "t2": S("table_wise", 0)}
 
 
-@pytest.mark.rule("CKPT-3")
+@pytest.mark.rule("CKPT-3", "CKPT-23")
 def test_torchrec_checkpoint_saved_on_4_loads_on_2_and_4(
     ranks2: Any, ranks4: Any, tmp_path: Path
 ) -> None:
@@ -53,7 +54,7 @@ def test_torchrec_checkpoint_saved_on_4_loads_on_2_and_4(
         assert not bad, bad
 
 
-@pytest.mark.rule("CKPT-3")
+@pytest.mark.rule("CKPT-3", "CKPT-23")
 def test_torchrec_checkpoint_saved_on_2_loads_on_4(
     ranks2: Any, ranks4: Any, tmp_path: Path
 ) -> None:

@@ -53,8 +53,8 @@ def tp_plan() -> dict[str, Any]:
 
 
 def fsdp2_on_mesh(model: nn.Sequential, shape: tuple[int, ...]) -> nn.Sequential:
-    """``model`` (:func:`make_model`'s) under FSDP2 on a (*outer, dp, tp) mesh of the world: TP when tp > 1, HSDP
-    over (outer, dp) when there is an outer dim."""
+    """``model`` (:func:`make_model`'s) under FSDP2 on a (*outer, dp, tp) mesh of the world:
+    TP when tp > 1, HSDP over (outer, dp) when there is an outer dim."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from shardspec.metadata import Layout
 from shardspec.metadata.serialize import layout_from_json, layout_to_json
+from shardspec.reshard.agreement import all_gather_sized
 
 if TYPE_CHECKING:
     import torch
@@ -34,15 +35,15 @@ def whole_layouts(
     same on every rank) when ranks of one mesh report it differently or two meshes share a
     rank."""
     try:
-        report = [
-            [key, min(layout.ranks), layout.fingerprint().hex(),
-             layout_to_json(layout) if min(layout.ranks) == rank else None]
-            for key, layout in parts
-        ]  # fmt: skip
+        report = []
+        for key, layout in parts:
+            lead = min(layout.ranks)
+            text = layout_to_json(layout) if lead == rank else None
+            report.append([key, lead, layout.fingerprint().hex(), text])
         payload = json.dumps({"report": report}).encode()
     except Exception as e:  # said in the reports, so that every rank raises it
         payload = json.dumps({"error": f"{type(e).__name__}: {e}"}).encode()
-    reports = [json.loads(p) for p in _gather(payload, group, comm)]
+    reports = [json.loads(p) for p in all_gather_sized(payload, group, comm)]
     failed = [f"rank {r}: {p['error']}" for r, p in enumerate(reports) if "error" in p]
     if failed:
         raise ValueError("a DTensor's mesh could not be reported: " + "; ".join(failed))
@@ -82,13 +83,3 @@ def _whole(i: int, key: str, reports: list[list[list[object]]]) -> Layout:
                 )
     first = next(iter(meshes.values()))
     return Layout(first.shape, [s for _, mesh in sorted(meshes.items()) for s in mesh.shards])
-
-
-def _gather(payload: bytes, group: dist.ProcessGroup | None, comm: torch.device) -> list[bytes]:
-    """Every rank's ``payload`` (of any length), in group rank order."""
-    from shardspec.reshard.agreement import all_gather_bytes
-
-    sizes = [int.from_bytes(b, "little") for b in all_gather_bytes(
-        len(payload).to_bytes(8, "little"), group, comm)]  # fmt: skip
-    rows = all_gather_bytes(payload.ljust(max(sizes), b"\0"), group, comm)
-    return [row[:n] for row, n in zip(rows, sizes)]

@@ -34,6 +34,7 @@ __all__ = [
     "agree_on_inputs",
     "agree_on_replicas",
     "all_gather_bytes",
+    "all_gather_sized",
     "decide_at_root",
     "digests",
     "dtype_code",
@@ -128,6 +129,19 @@ def all_gather_bytes(
     dist.all_gather(list(rows.unbind(0)), mine, group=group)
     raw = rows.cpu().numpy().tobytes()  # one copy, not a tensor and a bytes per rank
     return [raw[i * n : (i + 1) * n] for i in range(world)]
+
+
+def all_gather_sized(
+    payload: bytes, group: dist.ProcessGroup | None, device: torch.device
+) -> list[bytes]:
+    """Every rank's ``payload`` (of any length), in group rank order: the lengths, then the
+    payloads padded to the longest (two :func:`all_gather_bytes`)."""
+    sizes = [
+        int.from_bytes(b, "little")
+        for b in all_gather_bytes(len(payload).to_bytes(8, "little"), group, device)
+    ]
+    rows = all_gather_bytes(payload.ljust(max(sizes), b"\0"), group, device)
+    return [row[:n] for row, n in zip(rows, sizes)]
 
 
 class Verdict(NamedTuple):

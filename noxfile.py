@@ -418,7 +418,7 @@ def peers_bytecheckpoint(session: nox.Session) -> None:
     its own venv, `.nox/torch-<release>-bytecheckpoint-0.0.2` (torch 2.13.0 CPU by default,
     the test tools, every package editable, ByteCheckpoint --no-deps); writes
     conformance-report-bytecheckpoint/ (its divergences with their repros). Its saves are
-    held to 127.0.0.1 (conformance/bytecheckpoint_env.py)."""
+    held to 127.0.0.1 (conformance/peers/bytecheckpoint/env.py)."""
     torch_version, rest = split_args(session)
     stack = Stack(session, torch_version)
     # its own venv beside the shared ones: ByteCheckpoint's pinned grpcio and protobuf stay
@@ -520,7 +520,7 @@ def report_matrix(session: nox.Session) -> None:
             f"--torch={release}", "--out", folder, *rest, external=True,
         )  # fmt: skip
         folders.append(folder)
-    session.run("python3", "-m", "conformance.report_matrix", "--out", out, *folders)
+    session.run("python3", "-m", "conformance.report.matrix", "--out", out, *folders)
 
 
 def cuda_device_count() -> int:
@@ -546,7 +546,7 @@ def conformance_gpu(session: nox.Session) -> None:
     session.install(*TEST_DEPS)
     for pkg in packages():
         session.install("-e", str(pkg))
-    # The phases live in conformance/gpu.py so that a GPU machine with no package index runs
+    # The phases live in conformance/gpu/phases.py so that a GPU machine with no package index runs
     # the same thing with its own CUDA torch: `python -m conformance.gpu`.
     select = [] if "-m" in rest else ["-m", "not slow"]
     session.run("python", "-m", "conformance.gpu", *select, *rest)

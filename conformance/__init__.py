@@ -1,12 +1,12 @@
 """The conformance suite: a Hypothesis suite any implementation of the sharding spec runs."""
 
 # The modules every pool of the suite imports on its ranks: each area registers its named
-# operations itself; none imports another (what they share is conformance.ops_shared).
+# operations itself; none imports another (what they share is conformance.ops.shared).
 OPS = (
-    "conformance.ops",
-    "conformance.ops_dtensor",
-    "conformance.ops_convert",
-    "conformance.ops_reshard",
-    "conformance.ops_fsdp",
-    "conformance.ops_checkpoint",
+    "conformance.ops.pool",
+    "conformance.ops.dtensor",
+    "conformance.ops.convert",
+    "conformance.ops.reshard",
+    "conformance.ops.fsdp",
+    "conformance.ops.checkpoint",
 )

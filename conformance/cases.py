@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from .impls import Unsupported
+from conformance.interface import Unsupported
 
 __all__ = ["TRACKER", "case"]
 

@@ -31,9 +31,9 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 from conformance.cases import TRACKER  # noqa: E402
-from conformance.impls import IMPLS, Impl, ImplError, get_impl, pool_ops  # noqa: E402
+from conformance.impls import IMPLS, Adapter, ImplError, get_impl, pool_ops  # noqa: E402
 
-collect_ignore = ["bench_pool.py", "report.py"]
+collect_ignore = ["bench/pool.py", "report/__main__.py", "gpu/__main__.py"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -151,7 +151,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def impl() -> Impl:
+def impl() -> Adapter:
     """The implementation under test."""
     return get_impl()
 

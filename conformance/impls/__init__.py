@@ -1,23 +1,26 @@
-"""Implementations under test, behind one adapter interface.
+"""The built-in adapters, and how the suite picks the implementation under test.
 
-An adapter is a subclass of :class:`Impl` named ``package.module:Adapter`` (spec CONF-15):
+An adapter is a subclass of :class:`~conformance.interface.Adapter` and of the areas it takes
+part in (:mod:`conformance.interface`; :class:`Impl` takes every area), named
+``package.module:Adapter`` (spec CONF-15):
 ``SHARDSPEC_IMPL=mymod:MyImpl`` or ``pytest --impl mymod:MyImpl`` runs the suite against it,
 from any module importable by the driver and by the pool's ranks (they inherit the driver's
 ``sys.path``). The built-in adapters are names in :data:`BUILTINS` for the same form:
 ``shardspec`` (ours), ``torch`` (upstream) and ``broken`` (test-only: ours with chunk offsets
 off by one on uneven dims, which the suite must catch), and the peers, each run in its own
 venv with its real package (``bytecheckpoint``: ``nox -s peers_bytecheckpoint``;
-``megatron``: ``nox -s peers_megatron``).
+``megatron``: ``nox -s peers_megatron``), each in its own folder, ``conformance/peers/<name>/``.
 ``get_impl(name)`` returns one.
 
 Every adapter method answers one question the spec settles. A method an implementation cannot
-answer raises :class:`Unsupported` with the reason; the suite reports that case as
-"unsupported by <impl>: <reason>" instead of passing or skipping it silently. Besides its
-answers an adapter states its ``name``, its ``version()``, the modules its ranks import to
-register its named operations (``rank_ops``) and its known defects (``known_defects``).
+answer raises :class:`Unsupported` with the reason, and a method of an area the adapter does
+not take part in answers the same; the suite reports that case as "unsupported by <impl>:
+<reason>" instead of passing or skipping it silently. Besides its answers an adapter states
+its ``name``, its ``version()``, the modules its ranks import to register its named operations
+(``rank_ops``) and its known defects (``known_defects``).
 
-The interface is :mod:`.interface`; the adapters (:mod:`.ours`, :mod:`.upstream`,
-:mod:`.broken`) import it and :mod:`.dcp_memory`, never this package, which only picks one.
+The built-in adapters (:mod:`.ours`, :mod:`.upstream`, :mod:`.broken`) import the interface
+and :mod:`.dcp_memory`, never this package, which only picks one.
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ import importlib
 import importlib.util
 import os
 
-from .interface import Impl, KnownDefect, Unsupported
+from conformance.interface import AREAS, Adapter, Impl, KnownDefect, Unsupported
 
 __all__ = [
+    "AREAS",
     "BUILTINS",
     "IMPLS",
+    "Adapter",
     "Impl",
     "ImplError",
     "KnownDefect",
@@ -51,11 +56,11 @@ BUILTINS: dict[str, str] = {
     "torch": "conformance.impls.upstream:TorchImpl",
     "broken": "conformance.impls.broken:BrokenImpl",
     # The peers, each run in its own virtualenv with its real package (DESIGN.md section 4):
-    "megatron": "conformance.impls.megatron:MegatronImpl",
-    "bytecheckpoint": "conformance.impls.bytecheckpoint:ByteCheckpointImpl",
+    "megatron": "conformance.peers.megatron.adapter:MegatronImpl",
+    "bytecheckpoint": "conformance.peers.bytecheckpoint.adapter:ByteCheckpointImpl",
 }
 IMPLS = tuple(BUILTINS)
-_CACHE: dict[str, Impl] = {}
+_CACHE: dict[str, Adapter] = {}
 
 
 def impl_name() -> str:
@@ -67,12 +72,13 @@ def _refuse(spec: str, what: str) -> ImplError:
     return ImplError(
         f"implementation {spec!r}: {what}. Name a built-in implementation "
         f"({', '.join(IMPLS)}) or an adapter as 'package.module:Adapter', a subclass of "
-        "conformance.impls.Impl in a module importable here and on the pool's ranks "
+        "conformance.interface.Adapter (and of the areas it takes part in) in a module "
+        "importable here and on the pool's ranks "
         "(conformance/README.md, 'Writing an adapter')"
     )
 
 
-def _load(spec: str) -> Impl:
+def _load(spec: str) -> Adapter:
     target = BUILTINS.get(spec, spec)
     module_name, colon, attr = target.partition(":")
     if not colon or not module_name or not attr or ":" in attr:
@@ -86,10 +92,10 @@ def _load(spec: str) -> Impl:
     cls = getattr(module, attr, None)
     if cls is None:
         raise _refuse(spec, f"module {module_name!r} has no attribute {attr!r}")
-    if not (isinstance(cls, type) and issubclass(cls, Impl)):
-        raise _refuse(spec, f"{target} is {cls!r}, not a subclass of conformance.impls.Impl")
+    if not (isinstance(cls, type) and issubclass(cls, Adapter)):
+        raise _refuse(spec, f"{target} is {cls!r}, not a subclass of conformance.interface.Adapter")
     impl = cls()
-    if impl.name == Impl.name:
+    if impl.name == Adapter.name:
         impl.name = target
     for key, defect in impl.known_defects.items():
         if not isinstance(key, str) or not isinstance(defect, KnownDefect):
@@ -106,7 +112,7 @@ def _load(spec: str) -> Impl:
     return impl
 
 
-def get_impl(name: str | None = None) -> Impl:
+def get_impl(name: str | None = None) -> Adapter:
     """The adapter ``name`` (default: ``SHARDSPEC_IMPL``), loaded once; :class:`ImplError`
     says what is wrong with a name that gives none."""
     name = name or impl_name()
@@ -115,7 +121,7 @@ def get_impl(name: str | None = None) -> Impl:
     return _CACHE[name]
 
 
-def pool_ops(impl: Impl | None = None) -> tuple[str, ...]:
+def pool_ops(impl: Adapter | None = None) -> tuple[str, ...]:
     """The modules every rank of the suite's pools imports: :data:`conformance.OPS` and the
     adapter's own ``rank_ops``."""
     from conformance import OPS

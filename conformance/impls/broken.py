@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from conformance.impls.ours import ShardspecImpl
 from shardspec.metadata import Box, Layout, Shard
-
-from .ours import ShardspecImpl
 
 
 class BrokenImpl(ShardspecImpl):

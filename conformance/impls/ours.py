@@ -6,9 +6,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from conformance.interface import Impl
 from shardspec.metadata import Box, Layout, LayoutError, chunk_layout
-
-from .interface import Impl
 
 
 class ShardspecImpl(Impl):
@@ -143,9 +142,8 @@ class ShardspecImpl(Impl):
     def checkpoint_load(
         self, shape: Sequence[int], chunks: Sequence[Box], tensor: Any
     ) -> tuple[Any, int]:
+        from conformance.impls.dcp_memory import load_through_planner
         from shardspec.checkpoint.dcp import LoadPlanner as Planner
-
-        from .dcp_memory import load_through_planner
 
         return load_through_planner(Planner(), shape, chunks, tensor)
 
@@ -154,9 +152,8 @@ class ShardspecImpl(Impl):
     ) -> list[tuple[int, int, Box]]:
         from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
 
+        from conformance.impls.dcp_memory import checkpoint_storage, read_regions
         from shardspec.checkpoint.dcp import read_items_for_chunks
-
-        from .dcp_memory import checkpoint_storage, read_regions
 
         mine = [ChunkStorageMetadata(list(b.offsets), list(b.sizes)) for b in local]
         return read_regions(read_items_for_chunks("t", checkpoint_storage(shape, saved), mine))

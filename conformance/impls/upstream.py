@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from conformance.interface import Impl
 from shardspec.metadata import Box, Layout, Shard
-
-from .interface import Impl
 
 
 def _placement(rank: int) -> str:
@@ -176,7 +175,7 @@ class TorchImpl(Impl):
         from torch.distributed.checkpoint.default_planner import _validate_global_plan
         from torch.distributed.checkpoint.metadata import Metadata
 
-        from .dcp_memory import checkpoint_storage
+        from conformance.impls.dcp_memory import checkpoint_storage
 
         if not shape:
             raise self.unsupported("_validate_global_plan skips 0-d tensors")
@@ -188,7 +187,7 @@ class TorchImpl(Impl):
     ) -> tuple[Any, int]:
         from torch.distributed.checkpoint import DefaultLoadPlanner as Planner
 
-        from .dcp_memory import load_through_planner
+        from conformance.impls.dcp_memory import load_through_planner
 
         return load_through_planner(Planner(), shape, chunks, tensor)
 
@@ -198,7 +197,7 @@ class TorchImpl(Impl):
         from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
         from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-        from .dcp_memory import checkpoint_storage, read_regions
+        from conformance.impls.dcp_memory import checkpoint_storage, read_regions
 
         mine = [ChunkStorageMetadata(list(b.offsets), list(b.sizes)) for b in local]
         return read_regions(

@@ -80,18 +80,18 @@ OPS_MODULES = sorted((ROOT / "conformance").glob("ops*.py"))
 
 @pytest.mark.parametrize("path", OPS_MODULES, ids=lambda p: p.name)
 def test_operation_modules_import_no_area_but_the_shared_one(path: Path) -> None:
-    """Areas register their operations themselves and share only ``conformance.ops_shared``:
+    """Areas register their operations themselves and share only ``conformance.ops.shared``:
     an area importing another (or ``ops.py`` importing the areas) is the circle of issue 22."""
-    areas = {f"conformance.{p.stem}" for p in OPS_MODULES} - {"conformance.ops_shared"}
+    areas = {f"conformance.{p.stem}" for p in OPS_MODULES} - {"conformance.ops.shared"}
     wrong = sorted((_imported_modules(path) & areas) - {f"conformance.{path.stem}"})
-    assert not wrong, f"{path.name} imports {wrong}; share through conformance.ops_shared"
+    assert not wrong, f"{path.name} imports {wrong}; share through conformance.ops.shared"
 
 
 def test_every_operation_module_is_imported_by_the_pools() -> None:
     from conformance import OPS
     from conformance.impls import BUILTINS
 
-    areas = {f"conformance.{p.stem}" for p in OPS_MODULES} - {"conformance.ops_shared"}
+    areas = {f"conformance.{p.stem}" for p in OPS_MODULES} - {"conformance.ops.shared"}
     # a peer's operations are its adapter's rank_ops, imported only while it is under test
     peers = set()
     for target in BUILTINS.values():

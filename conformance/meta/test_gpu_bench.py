@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance import gpu_bench as gb
-from conformance.gpu_env import ROOT
+from conformance.gpu import bench as gb
+from conformance.gpu.env import ROOT
 
 M, G = 1 << 20, 1 << 30
 

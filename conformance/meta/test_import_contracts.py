@@ -1,7 +1,7 @@
 """The import contracts `nox -s lint` checks (pyproject.toml, ``[tool.importlinter]``), read as
 import-linter reads them and held to small made-up import graphs: a tree whose arrows point one
 way keeps them all, and each kind of wrong arrow breaks exactly the contracts meant for it.
-The known exceptions the configuration lists (``ignore_imports``) are left out here."""
+Known exceptions (``ignore_imports``, none today) would be left out here."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import pytest
 from importlinter import configuration
 from importlinter.application.use_cases import read_user_options
 from importlinter.contracts.acyclic_siblings import AcyclicSiblingsContract
+from importlinter.contracts.forbidden import ForbiddenContract
+from importlinter.contracts.independence import IndependenceContract
 from importlinter.contracts.layers import LayersContract
 from importlinter.contracts.protected import ProtectedContract
 
@@ -23,6 +25,8 @@ BUILT_IN: dict[str, type[Any]] = {
     "layers": LayersContract,
     "protected": ProtectedContract,
     "acyclic_siblings": AcyclicSiblingsContract,
+    "forbidden": ForbiddenContract,
+    "independence": IndependenceContract,
 }
 
 # A tree that keeps the arrows: importer -> imported.
@@ -33,13 +37,25 @@ TREE = [
     ("shardspec.testing.pool", "shardspec.metadata.layout"),
     ("shardspec.fsdp.rules", "shardspec.reshard.planner"),
     ("shardspec.torchrec.plans", "shardspec.reshard.planner"),
-    ("conformance.ops", "shardspec.testing.pool"),
-    ("conformance.ops", "shardspec.fsdp.rules"),
-    ("conformance.ops", "shardspec.torchrec.plans"),
+    ("conformance.ops.pool", "shardspec.testing.pool"),
+    ("conformance.ops.pool", "shardspec.fsdp.rules"),
+    ("conformance.ops.pool", "shardspec.torchrec.plans"),
     ("conformance.impls", "conformance.impls.ours"),
     ("conformance.impls.ours", "shardspec.metadata"),
     ("shardspec.checkpoint.cli", "shardspec.reshard.planner"),
-    ("conformance.ops", "shardspec.checkpoint.cli"),
+    ("conformance.ops.pool", "shardspec.checkpoint.cli"),
+    # the suite's rooms
+    ("conformance.report.write", "conformance.impls"),
+    ("conformance.impls.ours", "conformance.interface.chunk"),
+    ("conformance.interface.chunk", "conformance.interface.base"),
+    ("conformance.interface.base", "conformance.codec"),
+    ("conformance.interface.collective_load", "conformance.faults.damage"),
+    ("conformance.cases", "conformance.interface.base"),
+    ("conformance.ops.pool", "conformance.reference"),
+    ("conformance.strategies.grids", "conformance.codec"),
+    ("conformance.peers.megatron.adapter", "conformance.interface.chunk"),
+    ("conformance.peers.bytecheckpoint.adapter", "conformance.interface.base"),
+    ("conformance.peers.bytecheckpoint.ops", "conformance.ops.shared"),
 ]
 
 
@@ -68,8 +84,15 @@ def _contracts() -> list[Any]:
     return contracts
 
 
+# The suite's rooms no arrow of the tree touches: a layers contract needs each layer to exist.
+ROOMS = ["conformance.models", "conformance.gpu", "conformance.bench", "conformance.assertions"]
+
+
 def _graph(imports: list[tuple[str, str]]) -> grimp.ImportGraph:
     graph = grimp.ImportGraph()
+    for room in ROOMS:
+        graph.add_module("conformance")
+        graph.add_module(room)
     for importer, imported in imports:
         for module in (importer, imported):
             parts = module.split(".")
@@ -93,6 +116,8 @@ def test_every_contract_is_checked_here() -> None:
         "protected",
         "acyclic_siblings",
         "no_circles",
+        "forbidden",
+        "independence",
     }
 
 
@@ -114,9 +139,34 @@ def test_a_tree_whose_arrows_point_one_way_keeps_every_contract() -> None:
             id="testing-imports-more-than-metadata",
         ),
         pytest.param(
-            ("shardspec.reshard.planner", "conformance.ops"),
-            {"layers", "no_circles"},
+            ("shardspec.reshard.planner", "conformance.ops.pool"),
+            {"layers", "no_circles", "forbidden"},
             id="a-package-imports-the-suite",
+        ),
+        pytest.param(
+            ("conformance.peers.megatron.adapter", "conformance.peers.bytecheckpoint.ops"),
+            {"independence"},
+            id="a-peer-imports-another",
+        ),
+        pytest.param(
+            ("conformance.impls.ours", "conformance.peers.megatron.adapter"),
+            {"layers"},
+            id="a-built-in-adapter-imports-a-peer",
+        ),
+        pytest.param(
+            ("conformance.ops.pool", "conformance.peers.bytecheckpoint.ops"),
+            {"layers", "acyclic_siblings"},  # the peer's operations build on ops.shared
+            id="the-suites-operations-import-a-peer",
+        ),
+        pytest.param(
+            ("conformance.interface.base", "conformance.impls"),
+            {"layers", "acyclic_siblings", "no_circles"},
+            id="the-interface-imports-the-adapters",
+        ),
+        pytest.param(
+            ("conformance.ops.pool", "conformance.strategies.grids"),
+            {"layers"},
+            id="the-ranks-operations-import-the-strategies",
         ),
         pytest.param(
             ("shardspec.fsdp.rules", "shardspec.torchrec.plans"),

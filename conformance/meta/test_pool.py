@@ -129,9 +129,9 @@ def test_a_rank_that_strands_the_others_is_a_finding_and_the_pool_restarts(
 @pytest.mark.rule("CONF-2", "CONF-15")
 def test_an_adapters_outcomes_read_the_pools_words_for_each_rank(pool: RankPool) -> None:
     # The checkpoint-files cases judge a refusal by what each rank did, read from the pool's
-    # error (conformance/impls/checkpoint_files.py): a rank stranded in a collective must
+    # error (conformance/interface/checkpoint_files.py): a rank stranded in a collective must
     # not read as one that returned, whichever way the pool words it.
-    from conformance.impls.checkpoint_files import split_refusal
+    from conformance.interface.checkpoint_files import split_refusal
 
     pool.start()
     with pytest.raises(RankError) as info:
@@ -148,7 +148,7 @@ def test_an_adapters_outcomes_read_the_pools_words_for_each_rank(pool: RankPool)
 
 @pytest.mark.rule("CONF-2", "CONF-15")
 def test_an_adapters_outcomes_read_several_stranded_ranks() -> None:
-    from conformance.impls.checkpoint_files import split_refusal
+    from conformance.interface.checkpoint_files import split_refusal
     from shardspec.testing.dispatch import error_message
     from shardspec.testing.results import failure_from
 

@@ -51,7 +51,7 @@ def test_gloo_ranks_share_the_gpus_with_cuda_tensors(monkeypatch: pytest.MonkeyP
 
 @pytest.mark.rule("CONF-3")
 def test_gpu_phases_share_one_gpu_over_gloo_only_when_there_is_one() -> None:
-    from conformance.gpu import phases
+    from conformance.gpu.phases import phases
 
     one = phases(1)
     assert [p["SHARDSPEC_BACKEND"] for p in one] == ["nccl", "gloo"]
@@ -67,7 +67,7 @@ def test_gpu_runner_takes_the_packages_from_the_checkout_where_none_is_installed
     package rather than answering None, and the runner must still find the checkout's code."""
     import importlib.util
 
-    from conformance.gpu_env import ROOT, gpu_env
+    from conformance.gpu.env import ROOT, gpu_env
 
     def missing(name: str, *args: object) -> None:
         raise ModuleNotFoundError(f"No module named {name.split('.')[0]!r}")

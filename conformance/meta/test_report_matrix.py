@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from conformance import report_matrix
-from conformance.report_matrix import build, defect_verdict, read_release, release_key, render
+from conformance.report import matrix as report_matrix
+from conformance.report.matrix import build, defect_verdict, read_release, release_key, render
 
 pytestmark = pytest.mark.rule("CONF-13")
 

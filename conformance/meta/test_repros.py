@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from conformance import repro_run
-from conformance.report import read_rules
-from conformance.report_draw import layout_svg, render_html
-from conformance.report_entries import build_entries
-from conformance.repro_run import all_repros, read_defect, run_repro
+from conformance.report import repro_run
+from conformance.report.draw import layout_svg, render_html
+from conformance.report.entries import build_entries
+from conformance.report.repro_run import all_repros, read_defect, run_repro
+from conformance.report.write import read_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 UPSTREAM = re.compile(r"^(pytorch|torchrec)( PR)? ?#\d+$")
@@ -138,7 +138,7 @@ def test_runner_tells_reproduced_from_fixed_broken_and_hung(tmp_path: Path) -> N
 
 @pytest.mark.rule("CONF-6")
 def test_a_checked_claim_that_agrees_reads_not_reproduced(tmp_path: Path) -> None:
-    from conformance.repro_run import shown_outcome
+    from conformance.report.repro_run import shown_outcome
 
     plain = _fake(tmp_path, "plain", "print('ok')")
     claim = tmp_path / "claim.py"
@@ -237,7 +237,7 @@ def test_layout_divergence_drawn_rank_by_rank() -> None:
 
 @pytest.mark.rule("CONF-7")
 def test_report_writes_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from conformance import report
+    from conformance.report import write as report
 
     repros = tmp_path / "repros"
     repros.mkdir()
@@ -262,7 +262,7 @@ def test_a_failed_test_fails_the_report_only_under_gate(
 ) -> None:
     # The upstream report lists failures as findings; a peer's session, whose defects are
     # strict expected failures, fails on one (--gate), after writing the report all the same.
-    from conformance import report
+    from conformance.report import write as report
 
     monkeypatch.setattr(repro_run, "REPROS", tmp_path / "none")
     monkeypatch.setenv("SHARDSPEC_IMPL", "torch")
@@ -277,7 +277,7 @@ def test_a_failed_test_fails_the_report_only_under_gate(
 
 @pytest.mark.rule("CONF-7")
 def test_a_crash_reads_as_its_first_and_innermost_lines() -> None:
-    from conformance.report import _message
+    from conformance.report.write import _message
 
     crash = RuntimeError(
         "rank 2 failed in redistribute\n  File 'a.py', line 1\n    f()\n"
@@ -294,7 +294,7 @@ def test_a_crash_reads_as_its_first_and_innermost_lines() -> None:
 @pytest.mark.rule("CONF-7")
 def test_an_assertion_tagged_with_its_rule_names_it_in_the_report() -> None:
     from conformance.assertions import assert_equal
-    from conformance.report_entries import violated_rule
+    from conformance.report.entries import violated_rule
 
     with pytest.raises(AssertionError) as info:
         assert_equal("offset", 2, 3, "5 rows on 2 ranks", rule="CHUNK-1")

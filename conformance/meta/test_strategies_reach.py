@@ -21,9 +21,9 @@ from hypothesis.errors import NoSuchExample
 
 from conformance import reference
 from conformance.strategies import dtensor_pool_cases, fsdp_cases, fsdp_meshes
-from conformance.strategies_agreement import disagreement_cases, replica_cases, replicas_of
-from conformance.strategies_checkpoint import diff_cases, offline_cases
-from conformance.strategies_grids import (
+from conformance.strategies.agreement import disagreement_cases, replica_cases, replicas_of
+from conformance.strategies.checkpoint import diff_cases, offline_cases
+from conformance.strategies.grids import (
     LARGE_FROM,
     STRADDLE_KINDS,
     chunkings_with_many_ranks,
@@ -32,8 +32,8 @@ from conformance.strategies_grids import (
     near_grid_layouts,
     scale_worlds,
 )
-from conformance.strategies_json import FAULTS, malformed_layout_json
-from conformance.strategies_streams import flatten_cases, reshard_cases, state_dict_cases
+from conformance.strategies.json import FAULTS, malformed_layout_json
+from conformance.strategies.streams import flatten_cases, reshard_cases, state_dict_cases
 from shardspec.metadata import Layout
 
 # Found, not shrunk: shrinking a 300-shard layout costs minutes and proves nothing more.

@@ -33,7 +33,7 @@ from conformance.strategies import (
     valid_layouts,
     world_sizes,
 )
-from conformance.strategies_grids import large_layouts
+from conformance.strategies.grids import large_layouts
 from shardspec.checkpoint.chunks import storable
 from shardspec.metadata import Box, Layout, Shard
 from shardspec.testing.devices import simulated_worlds

@@ -16,7 +16,7 @@ from conformance.assertions import assert_equal, assert_tensor_bitwise, describe
 from conformance.cases import case
 from conformance.impls import Impl
 from conformance.strategies import perturbed_layouts, valid_layouts
-from conformance.strategies_grids import large_layouts
+from conformance.strategies.grids import large_layouts
 from shardspec.metadata import Box, Layout, Shard
 
 from .test_checkpoint import BURIED_EMPTY, EMPTY_AT_START, GAP, TWICE, chunks_valid

@@ -21,7 +21,7 @@ from conformance.assertions import assert_equal, assert_tensor_bitwise, describe
 from conformance.cases import case
 from conformance.codec import placement_repr
 from conformance.impls import Impl
-from conformance.strategies_checkpoint import changed, diff_cases, offline_cases
+from conformance.strategies.checkpoint import changed, diff_cases, offline_cases
 from shardspec.metadata import Box, Layout, Shard
 
 

@@ -3,7 +3,7 @@ LAYOUT-7; spec/04-convert.md CONVERT-9): a bad argument on one live rank, a rank
 middle of a reshard, ten thousand reshards in a row, a large state dict through a small buffer,
 and malformed input to every public constructor and reader.
 
-The multi-rank cases run on worlds of their own (:mod:`conformance.faults_world`), not on the
+The multi-rank cases run on worlds of their own (:mod:`conformance.faults.world`), not on the
 session's pool: a rank is killed, or measured from a fresh start. They drive
 ``shardspec.reshard`` directly, so under another implementation they are skipped with the
 reason. The 2 GiB state dict is marked slow (`nox -s slow` style runs: about a minute of two
@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from conformance import faults_scenarios as sc
-from conformance.faults_world import run_world
+from conformance.faults import scenarios as sc
+from conformance.faults.world import run_world
 from conformance.impls import Impl, get_impl
 from shardspec.metadata import (
     Box,

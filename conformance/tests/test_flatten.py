@@ -16,7 +16,7 @@ from conformance.assertions import assert_equal, assert_layouts_equal, assert_te
 from conformance.cases import case
 from conformance.codec import layout_from_json
 from conformance.impls import Impl
-from conformance.strategies_streams import flatten_cases
+from conformance.strategies.streams import flatten_cases
 from shardspec.metadata import Box, Layout, Shard
 
 KEYS = ["buf", "layer.n", "layer.w"]

@@ -14,8 +14,8 @@ import pytest
 
 from conformance.assertions import GLOO_ABORT
 from conformance.cases import case
-from conformance.fsdp_models import fsdp1_tp_world, fsdp2_tp_world, run_world
 from conformance.impls import Impl
+from conformance.models.fsdp import fsdp1_tp_world, fsdp2_tp_world, run_world
 from shardspec.testing import backend, device_type
 
 WORLD = 4

@@ -19,7 +19,7 @@ from conformance.assertions import (
 )
 from conformance.cases import case
 from conformance.impls import Impl
-from conformance.strategies_streams import reshard_cases, state_dict_cases
+from conformance.strategies.streams import reshard_cases, state_dict_cases
 from shardspec.metadata import chunk_layout
 from shardspec.testing import RankCrash
 

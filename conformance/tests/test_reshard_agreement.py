@@ -21,7 +21,7 @@ from conformance import reference
 from conformance.assertions import assert_equal, assert_tensor_bitwise, describe_layout
 from conformance.cases import case
 from conformance.impls import Impl
-from conformance.strategies_agreement import (
+from conformance.strategies.agreement import (
     disagreement_cases,
     replica_cases,
     replica_change,

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from conformance.cases import case
-from conformance.fsdp_models import RESUME_MESHES, RESUME_SOURCES, resume_world, run_world
 from conformance.impls import Impl
+from conformance.models.fsdp import RESUME_MESHES, RESUME_SOURCES, resume_world, run_world
 from shardspec.testing import backend, device_type
 
 WORLD = 4

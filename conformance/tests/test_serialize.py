@@ -3,8 +3,8 @@ spec's, written here by hand; it reads back exactly, shard order included, for v
 invalid layouts of any size; and every malformed text is refused with a ``LayoutError`` that
 names the JSON path of the one bad field.
 
-The faults fuzzed here are the spec's list, one per text (see ``strategies_json``); torch has
-no serialized layout form, so this area is unsupported there.
+The faults fuzzed here are the spec's list, one per text (see ``conformance.strategies.json``);
+torch has no serialized layout form, so this area is unsupported there.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from conformance.assertions import assert_equal, describe_layout
 from conformance.cases import case
 from conformance.impls import Impl, Unsupported
 from conformance.strategies import perturbed_layouts, valid_layouts
-from conformance.strategies_json import (
+from conformance.strategies.json import (
     Malformed,
     each_field_out_of_range,
     layout_json,

@@ -14,7 +14,7 @@ from conformance.assertions import assert_equal, assert_layouts_equal, describe_
 from conformance.cases import case
 from conformance.impls import Impl
 from conformance.strategies import chunk_layouts, permuted, shapes, valid_layouts
-from conformance.strategies_grids import chunkings_with_many_ranks
+from conformance.strategies.grids import chunkings_with_many_ranks
 from shardspec.metadata import Box, Layout, Shard, chunk_layout
 
 

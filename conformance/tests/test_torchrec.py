@@ -296,7 +296,7 @@ def _model_reshard(impl: Impl, pair: str, hash_seed: str) -> None:
     error = torchrec_error()
     if error is not None:
         pytest.skip(f"{error} (nox -s torchrec)")
-    from conformance.torchrec_models import PAIRS, move_and_check, prepare
+    from conformance.models.torchrec import PAIRS, move_and_check, prepare
     from shardspec.testing import RankCrash, RankError, RankFailure, RankPool
 
     ex = f"{pair}: {PAIRS[pair]} on {MODEL_WORLD} gloo ranks, PYTHONHASHSEED={hash_seed}"

@@ -15,7 +15,7 @@ from conformance.strategies import (
     perturbed_layouts,
     valid_layouts,
 )
-from conformance.strategies_grids import (
+from conformance.strategies.grids import (
     large_chunk_layouts,
     large_grid_layouts,
     near_grid_layouts,

@@ -4,7 +4,7 @@ installed (spec/09-checkpoint.md, CKPT-19): its ``.metadata`` through the restri
 `diff --values`, `reshard` and our ``FileSystemReader``.
 
 The checkpoint (``data/bytecheckpoint-0.0.2-fsdp2-uneven``, README there) was written by
-ByteCheckpoint's own ``save`` on 2 gloo ranks by ``conformance/bytecheckpoint_data.py``: FSDP2
+ByteCheckpoint's own ``save`` on 2 gloo ranks by ``conformance/peers/bytecheckpoint/data.py``: FSDP2
 over an uneven bfloat16 MLP after one Adam step. The values are rebuilt here from the
 generator's formula with the plain (unsharded) model."""
 
@@ -40,7 +40,7 @@ ROWS = {7: [(0, 4), (4, 3)], 3: [(0, 2), (2, 1)]}
 
 
 def expected() -> dict[str, Any]:
-    """The generator's formula (conformance/bytecheckpoint_data.py): parameter i of n
+    """The generator's formula (conformance/peers/bytecheckpoint/data.py): parameter i of n
     elements ``(arange(n) - n // 2) / 8 + i``, gradient ``(arange(n) % 5 - 2) / 4``, one
     ``Adam(lr=0.125, betas=(0.5, 0.75), foreach=False)`` step in bfloat16, on the plain
     model; keys as the checkpoint holds them."""

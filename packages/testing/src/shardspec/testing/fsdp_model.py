@@ -2,8 +2,9 @@
 share: the model, its TP plan, the one-step reference, and the check that a state dict's
 entries hold, on this rank, exactly the box of FSDP-1 (spec/07-fsdp.md).
 
-``shardspec.fsdp`` is imported when a check runs (install ``shardspec-testing[fsdp]``); the
-rest needs torch only."""
+The boxes a check expects come from the chunk rule alone (:func:`truth_layout`), never from
+``shardspec.fsdp``, whose rules the fsdp package's tests hold to this truth; the rest needs
+torch and ``shardspec.metadata`` only."""
 
 from __future__ import annotations
 
@@ -76,12 +77,6 @@ def clean(fqn: str) -> str:
     return fqn
 
 
-def _no_tp_ranks(dp: int, tp: int) -> list[int]:
-    # A parameter outside the TP plan is chunked over dp and replicated over tp: as a layout on
-    # (replicate=tp, dp, tp=1) the ranks are listed tp-major.
-    return [p * tp + t for t in range(tp) for p in range(dp)]
-
-
 def expected_box(name: str, shape: tuple[int, ...], rank: int, dp: int, tp: int) -> Any:
     (box,) = truth_layout(name, shape, dp, tp).boxes_of(rank)
     return box
@@ -109,10 +104,7 @@ def check_dtensor_entries(
     from torch.distributed._shard.sharded_tensor.api import ShardedTensor
     from torch.distributed.tensor import DTensor
 
-    from shardspec.fsdp.flatten import layout_of
-    from shardspec.fsdp.rules import placements_layout
-    from shardspec.metadata import Box
-    from shardspec.metadata.placements import from_torch
+    from shardspec.metadata import Box, dtensor_layout, from_sharded_tensor_metadata
 
     bad: list[str] = []
     seen = set()
@@ -129,7 +121,7 @@ def check_dtensor_entries(
             got = Box(shard.metadata.shard_offsets, shard.metadata.shard_sizes)
             if got != box:
                 bad.append(f"{what} {name} rank {rank}: local shard at {got}, data is {box}")
-            layout = layout_of(value)
+            layout = from_sharded_tensor_metadata(value.metadata(), validate=False)
             layout.validate()
             truth_l = truth_layout(name, tuple(full.shape), dp, tp)
             for s in layout.shards:
@@ -137,13 +129,7 @@ def check_dtensor_entries(
                     bad.append(f"{what} {name}: metadata gives {s.box} to rank {s.rank}")
         elif isinstance(value, DTensor):
             local = value.to_local()
-            mesh_shape = tuple(value.device_mesh.mesh.shape)
-            claimed = placements_layout(
-                tuple(value.shape),
-                mesh_shape,
-                [from_torch(p) for p in value.placements],
-                ranks=value.device_mesh.mesh.reshape(-1).tolist(),
-            )
+            claimed = dtensor_layout(tuple(value.shape), value.device_mesh, value.placements)
             mine = claimed.boxes_of(rank)
             if mine != (box,) and not (box.is_empty and all(b.is_empty for b in mine)):
                 bad.append(
@@ -164,16 +150,26 @@ def check_dtensor_entries(
 
 
 def truth_layout(name: str, shape: tuple[int, ...], dp: int, tp: int) -> Any:
-    from shardspec.fsdp.rules import fsdp_tp_layout
-    from shardspec.metadata.placements import Replicate, ShardDim
+    """FSDP-1 by the chunk rule alone: TP chunks its dim over ``tp`` (a parameter outside the
+    TP plan, or replicated by it, is whole on every TP coordinate), then FSDP chunks dim 0 of
+    that piece over ``dp``; a zero-size dim sits at the end of the tensor. Rank ``p * tp + t``
+    holds FSDP coordinate ``p`` of TP coordinate ``t`` (the (dp, tp) mesh, row-major)."""
+    from shardspec.metadata import Box, Layout, Shard, chunk_bounds
 
-    if name in TP_DIM:
-        d = TP_DIM[name]
-        tp_pl = Replicate() if d is None else ShardDim(d)
-        return fsdp_tp_layout(shape, tp_pl, dp=dp, tp_size=tp)
-    return fsdp_tp_layout(
-        shape, Replicate(), dp=dp, tp_size=1, replicate=tp, ranks=_no_tp_ranks(dp, tp)
-    )
+    tp_dim = TP_DIM.get(name)
+    shards = []
+    for p in range(dp):
+        for t in range(tp):
+            offsets, sizes = [0] * len(shape), list(shape)
+            if tp_dim is not None:
+                lo, hi = chunk_bounds(shape[tp_dim], tp)[t]
+                offsets[tp_dim], sizes[tp_dim] = lo, hi - lo
+            # FSDP chunks the TP piece as a local tensor: its own extent, then back to global
+            lo, hi = chunk_bounds(sizes[0], dp)[p]
+            offsets[0], sizes[0] = (offsets[0] if sizes[0] else 0) + lo, hi - lo
+            at = [shape[d] if sizes[d] == 0 else offsets[d] for d in range(len(shape))]
+            shards.append(Shard(Box(at, sizes), p * tp + t))
+    return Layout(shape, shards)
 
 
 def reference_step(seed: int, x: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

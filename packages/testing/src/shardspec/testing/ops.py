@@ -6,7 +6,7 @@ operation splits into ``check`` (local validation, no communication) and ``run``
 runs its check, then all ranks agree on the outcome with one all-reduce, and only if every
 check passed does any rank enter ``run``. So a bad input never strands a rank inside a
 collective. Register one with ``@operation("area.name", collective=..., check=...)`` in a
-module the pool imports (``RankPool(..., ops=("conformance.ops_dtensor",))``); names are what
+module the pool imports (``RankPool(..., ops=("conformance.ops.dtensor",))``); names are what
 travels.
 
 A *rank function* ``"module:function"`` is called as ``function(rank, world, *args)`` with

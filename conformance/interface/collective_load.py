@@ -1,0 +1,100 @@
+"""The collective_load area: the collective load of DCP and safetensors checkpoints (CKPT-22 to
+CKPT-27).
+
+Its tests: ``conformance/tests/test_checkpoint_collective_load.py``. An adapter takes part by
+subclassing :class:`CollectiveLoad` (with its other areas); a method it does not override
+answers :class:`~conformance.interface.Unsupported`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conformance.faults.damage import damage as damage_checkpoint
+from conformance.interface.base import Adapter, dtype_name, ones_of
+from shardspec.metadata import Layout
+
+
+class CollectiveLoad(Adapter):
+    """The collective load of DCP and safetensors checkpoints (CKPT-22 to CKPT-27)."""
+
+    area = "collective_load"
+
+    def checkpoint_collective_load(
+        self,
+        save_pool: Any,
+        load_pool: Any,
+        saved: Layout,
+        tensor: Any,
+        load: dict[str, Any],
+        reads: str,
+        damage: str | None,
+        example: str,
+    ) -> list[Any]:
+        """A real ``dcp.save`` on ``save_pool``'s ranks of ``{"t": ShardedTensor of saved's
+        boxes of tensor, "v": {"n": 7}, "w": 5}``; then, when ``damage`` says so, the file
+        holding the largest chunk of ``t`` is cut short (``truncate``), removed (``remove``),
+        the ``.metadata`` replaced by junk (``metadata``), or the chunk list of ``t`` in it
+        made to leave a gap (``gap``: the largest chunk left out) or to overlap (``overlap``:
+        a chunk that stops short of the tensor's end in some dim moved one element along it,
+        its stored bytes found at its new offset; a gap when no chunk can move), each chunk
+        left finding bytes of its size; then the implementation's
+        collective load (CKPT-23 to CKPT-27) on ``load_pool``'s ranks into ``{"t": load,
+        "v": {"n": 0}, "w": 0}`` (``load`` as in :meth:`checkpoint_round_trip`, or ``{"kind":
+        "plain"}``: a plain tensor on every rank) with ``reads``. Per load rank a RankResult
+        whose value holds ``error`` (what the rank raised, or None), ``value`` (``{"v": ...,
+        "w": ...}`` as loaded), ``stats`` (``reads``, ``data_bytes``, ``value_bytes``,
+        ``ranges``: (file, start, stop) of each byte range read, or None when the
+        implementation does not say) and whose tensors are its local tensors after the
+        load."""
+        import tempfile
+
+        if self.via is None:
+            raise self.unsupported("a collective checkpoint load")
+        with tempfile.TemporaryDirectory(prefix="shardspec-cload-") as path:
+            values = {"v": {"n": 7}, "w": 5}
+            self._dcp_save(save_pool, path, saved, tensor, example, values=values)
+            if damage is not None:
+                damage_checkpoint(path, damage)
+            load_args = {**load, "path": path, "dtype": dtype_name(tensor), "fill": 1,
+                         "reads": reads, "shape": list(tensor.shape)}  # fmt: skip
+            return self._run_via(  # type: ignore[no-any-return]
+                "collective load", load_pool, "checkpoint.collective_load", load_args,
+                per_rank_tensors=ones_of(load, tensor, load_pool.world_size), example=example,
+            )  # fmt: skip
+
+    def checkpoint_safetensors_load(
+        self, load_pool: Any, tensor: Any, files: int, load: dict[str, Any], reads: str,
+        example: str,
+    ) -> list[Any]:  # fmt: skip
+        """A Hugging Face checkpoint of ``{"t": tensor}`` written by ``safetensors``'
+        ``save_file`` beside other tensors (``files`` shards with their index JSON), loaded
+        by the implementation's collective load (CKPT-22, CKPT-23) on ``load_pool``'s ranks
+        into ``load`` as :meth:`checkpoint_collective_load` does (no values)."""
+        import json
+        import tempfile
+
+        if self.via is None:
+            raise self.unsupported("a collective load of a safetensors checkpoint")
+        import torch
+        from safetensors.torch import save_file
+
+        with tempfile.TemporaryDirectory(prefix="shardspec-hf-") as path:
+            others = {f"layers.{i}.w": torch.full((i + 1, 3), i, dtype=tensor.dtype)
+                      for i in range(2 * files - 1)}  # fmt: skip
+            names = sorted(others) + ["t"]
+            tensors = {**others, "t": tensor.contiguous()}
+            weight_map = {}
+            for k in range(files):
+                fname = f"model-{k + 1:05d}-of-{files:05d}.safetensors"
+                part = names[k::files]
+                save_file({n: tensors[n] for n in part}, f"{path}/{fname}")
+                weight_map.update(dict.fromkeys(part, fname))
+            with open(f"{path}/model.safetensors.index.json", "w", encoding="utf-8") as f:
+                json.dump({"metadata": {}, "weight_map": weight_map}, f)
+            args = {**load, "path": path, "dtype": dtype_name(tensor), "fill": 1,
+                    "reads": reads, "shape": list(tensor.shape), "safetensors": True}  # fmt: skip
+            return self._run_via(  # type: ignore[no-any-return]
+                "safetensors load", load_pool, "checkpoint.collective_load", args,
+                per_rank_tensors=ones_of(load, tensor, load_pool.world_size), example=example,
+            )  # fmt: skip

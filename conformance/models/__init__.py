@@ -1,0 +1,2 @@
+"""The real models the areas run on ranks: FSDP + TP (:mod:`.fsdp`) and TorchRec
+(:mod:`.torchrec`)."""

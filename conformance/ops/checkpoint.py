@@ -1,0 +1,220 @@
+"""Pool operations of the checkpoint area (spec/09-checkpoint.md): a real ``dcp.save`` on one
+pool and a real ``dcp.load`` on another, through the file system, so a checkpoint written on
+W ranks is read back on any other number. Registered in ``shardspec.testing.ops``'s table
+when a pool imports this module (listed in :data:`conformance.OPS`).
+
+``via`` picks whose code runs: torch's own ShardedTensor construction, ``distribute_tensor``
+and DCP's default planners and ``FileSystemReader``, or shardspec's
+``to_sharded_tensor_metadata``, ``distribute_dtensor`` and ``shardspec.checkpoint.dcp``'s
+planners and ``FileSystemReader``. Only DCP's file format and its writer are shared. A load
+with ``plain`` reads through DCP's default planner and reader whatever ``via`` built the
+tensor it loads into: how a job that knows nothing of shardspec loads a checkpoint that
+``shardspec reshard`` rewrote (CKPT-17).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from conformance.codec import layout_from_json, placements_from_json
+from conformance.ops.shared import dtensor_mesh, layout_check, mesh_check, sharded_tensor_of, via_of
+from shardspec.testing.ops import Context, operation
+
+__all__: list[str] = []
+
+KEY = "t"
+
+
+@operation("checkpoint.save", collective=True, check=layout_check)
+def _save(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
+    """``dcp.save`` of one ShardedTensor holding this rank's boxes of ``layout`` to ``path``."""
+    import torch.distributed.checkpoint as dcp
+
+    layout = layout_from_json(args["layout"])
+    via = via_of(args)
+    st = sharded_tensor_of(ctx, layout, getattr(torch, args["dtype"]), ts, via)
+    sd: dict[str, Any] = {KEY: st}
+    sd.update(args.get("values", {}))  # non-tensor values saved beside the tensor
+    dcp.save(sd, checkpoint_id=args["path"], planner=_save_planner(via))
+    return None, []
+
+
+def _save_planner(via: str) -> Any:
+    if via == "shardspec":
+        from shardspec.checkpoint.dcp import SavePlanner
+
+        return SavePlanner()
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    return DefaultSavePlanner()
+
+
+def _load_planner(via: str) -> Any:
+    if via == "shardspec":
+        from shardspec.checkpoint.dcp import LoadPlanner
+
+        return LoadPlanner()
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    return DefaultLoadPlanner()
+
+
+def _load_reader(via: str, args: dict[str, Any]) -> Any:
+    """shardspec's reader (CKPT-13); ``whole_item_bytes`` 0 sends every chunk down its
+    partial-read path (CKPT-14), as the drawn round trips do half the time."""
+    if via == "shardspec":
+        from shardspec.checkpoint.dcp import FileSystemReader
+
+        return FileSystemReader(
+            args["path"], whole_item_bytes=args.get("whole_item_bytes", 1 << 18)
+        )
+    from torch.distributed.checkpoint import FileSystemReader as DcpReader
+
+    return DcpReader(args["path"])
+
+
+def _check_load(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
+    via_of(args)
+    if args["kind"] == "sharded":
+        layout_check(ctx, args, ts)
+    elif args["kind"] == "dtensor":
+        mesh_check(ctx, args)
+    else:
+        raise ValueError(f"kind must be 'sharded' or 'dtensor', got {args['kind']!r}")
+
+
+def _target(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor], via: str) -> Any:
+    """What a load fills: a ShardedTensor holding this rank's boxes of ``layout`` (``kind``
+    sharded; ``ts`` are its local tensors), or a DTensor of ``fill`` on a ``mesh`` with
+    ``placements`` (``kind`` dtensor)."""
+    dtype = getattr(torch, args["dtype"])
+    if args["kind"] == "sharded":
+        return sharded_tensor_of(ctx, layout_from_json(args["layout"]), dtype, ts, via)
+    return _filled_dtensor(ctx, args, dtype, via)
+
+
+@operation("checkpoint.load", collective=True, check=_check_load)
+def _load(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
+    """``dcp.load`` from ``path`` into a tensor of ``dtype`` whose elements are all ``fill``
+    (so an element no read reaches shows): a ShardedTensor holding this rank's boxes of
+    ``layout`` (``kind`` sharded; ``ts`` are the filled boxes), or a DTensor on a ``mesh``
+    with ``placements`` (``kind`` dtensor). With ``plain``, DCP's own planner and reader
+    read. Returns the local tensors after the load, in the layout's local order, and the
+    DTensor's mesh coordinate."""
+    import torch.distributed.checkpoint as dcp
+
+    via = via_of(args)
+    obj = _target(ctx, args, ts, via)
+    reading = "torch" if args.get("plain") else via
+    dcp.load(
+        {KEY: obj},
+        checkpoint_id=args["path"],
+        storage_reader=_load_reader(reading, args),
+        planner=_load_planner(reading),
+    )
+    if args["kind"] == "sharded":
+        return None, [s.tensor for s in obj.local_shards()]
+    return {"coordinate": obj.device_mesh.get_coordinate()}, [obj.to_local()]
+
+
+def _check_collective(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
+    if args.get("reads") not in ("auto", "own", "once"):
+        raise ValueError(f"reads must be auto, own or once, got {args.get('reads')!r}")
+    if args["kind"] != "plain":
+        _check_load(ctx, args, ts)
+
+
+@operation("checkpoint.collective_load", collective=True, check=_check_collective)
+def _collective_load(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
+    """A collective load of ``path`` into ``{"t": tensor, "v": {"n": 0}, "w": 0}`` (``{"t":
+    tensor}`` from a safetensors checkpoint, ``safetensors``, or with ``tensor_only``, as a
+    checkpoint another library wrote holds no such values): with shardspec,
+    ``shardspec.checkpoint.load`` with ``reads`` (tracing the byte ranges each rank read);
+    with torch, ``dcp.load`` with DCP's default planner and reader (its only way to read), or
+    with its ``HuggingFaceStorageReader``.
+    The tensor as in ``checkpoint.load``, or (``kind`` plain) a plain tensor of ``fill`` on
+    every rank. Returns ``error`` (what this rank raised, or None), the loaded value, the
+    rank's load stats (shardspec) and its local tensors after the load."""
+    via = via_of(args)
+    dtype = getattr(torch, args["dtype"])
+    if args["kind"] == "plain":
+        obj: Any = torch.full(tuple(args["shape"]), args["fill"], dtype=dtype, device=ctx.device)
+    else:
+        obj = _target(ctx, args, ts, via)
+    hf = bool(args.get("safetensors"))
+    alone = hf or bool(args.get("tensor_only"))
+    sd: dict[str, Any] = {KEY: obj} if alone else {KEY: obj, "v": {"n": 0}, "w": 0}
+    facts: dict[str, Any] = {"error": None, "stats": None}
+    try:
+        if via == "shardspec":
+            from shardspec.checkpoint.collective_load import load
+
+            stats = load(sd, args["path"], reads=args["reads"], trace_reads=True)
+            facts["stats"] = {
+                "reads": stats.reads,
+                "data_bytes": stats.data_bytes,
+                "value_bytes": stats.value_bytes,
+                "ranges": [list(r) for r in stats.ranges],
+            }
+        elif hf:
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+            dcp.load(sd, storage_reader=HuggingFaceStorageReader(args["path"]))
+        else:
+            import torch.distributed.checkpoint as dcp
+
+            dcp.load(sd, checkpoint_id=args["path"])
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        facts["error"] = f"{type(e).__name__}: {e}"
+    facts["value"] = None if alone else {"v": sd["v"], "w": sd["w"]}
+    if args["kind"] == "sharded":
+        return facts, [s.tensor for s in obj.local_shards()]
+    if args["kind"] == "dtensor":
+        facts["coordinate"] = obj.device_mesh.get_coordinate()
+        return facts, [obj.to_local()]
+    return facts, [obj]
+
+
+def _filled_dtensor(ctx: Context, args: dict[str, Any], dtype: torch.dtype, via: str) -> Any:
+    """A DTensor of ``fill`` (every rank makes its own piece: no collective, no scatter). With
+    ``sub`` = d, on the sub-mesh of mesh dim d with its placement alone: each rank on the mesh
+    of its own coordinates in the other dims (whose placements must be Replicate: the
+    layout of the whole world is then the mesh's own with them)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    placements = placements_from_json(args["placements"])
+    if args.get("sub") is not None:
+        d = int(args["sub"])
+        mesh = ctx.mesh(tuple(args["mesh"]), args.get("order"), flatten=True)[f"d{d}"]
+        placements = [placements[d]]
+    else:
+        mesh = dtensor_mesh(ctx, args)
+    full = torch.full(tuple(args["shape"]), args["fill"], dtype=dtype, device=ctx.device)
+    if via == "shardspec":
+        from shardspec.reshard.dtensor_io import distribute_dtensor
+
+        return distribute_dtensor(full, mesh, placements, src_rank=None)
+    return distribute_tensor(full, mesh, placements, src_data_rank=None)
+
+
+@operation("checkpoint.layouts_of", collective=True, check=_check_load)
+def _layouts_of(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
+    """The ``--layouts`` file of ``shardspec reshard`` as the target job writes it: shardspec's
+    ``layouts_of`` of a state dict holding the load's target (see ``checkpoint.load``) under
+    the checkpoint's key. Only shardspec has offline rewriting, so only ``via`` shardspec."""
+    if via_of(args) != "shardspec":
+        raise ValueError("layouts_of is shardspec's (CKPT-17): pass via='shardspec'")
+    from shardspec.checkpoint.offline import layouts_of
+
+    return {"layouts": layouts_of({KEY: _target(ctx, args, ts, "shardspec")})}, []

@@ -1,0 +1,106 @@
+"""Cases for resharding many tensors at once (spec/06-reshard.md): state dicts whose tensors
+have different dtypes, so one rank pair's stream carries elements of several sizes (1, 2, 4,
+8 bytes) back to back, unpacked into ``out=`` tensors that are views of larger buffers:
+contiguous at a storage offset, strided, or transposed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from conformance.strategies import dtypes, shapes, tensors, valid_layouts, with_replicas
+from conformance.strategies.scale import largest_first, scale_shapes
+from shardspec.metadata import Layout, chunk_layout
+
+__all__ = ["OUT_KINDS", "flatten_cases", "layouts_on", "reshard_cases", "state_dict_cases"]
+
+# How an out= tensor sits in its buffer: "contiguous" (a buffer of its own), "offset" (a
+# contiguous view at a storage offset), "strided" (every other element, at a storage offset),
+# "transposed" (dims reversed in memory, at a storage offset).
+OUT_KINDS = ("contiguous", "offset", "strided", "transposed")
+
+
+@st.composite
+def layouts_on(draw: st.DrawFn, shape: tuple[int, ...], world: int) -> Layout:
+    """Any valid layout whose ranks are ranks of a pool of ``world`` (replicas included);
+    a third are chunkings over every rank in some order, the case torch's resharding takes."""
+    if shape and draw(st.integers(0, 2)) == 0:
+        dim = draw(st.integers(0, len(shape) - 1))
+        return chunk_layout(shape, dim, draw(st.permutations(range(world))))
+    layout = draw(valid_layouts(st.just(shape), max_ranks=world, replicas=False))
+    if draw(st.booleans()):
+        layout = draw(with_replicas(layout, max_extra_ranks=0))
+    return layout
+
+
+@st.composite
+def reshard_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
+    """``{"world", "src", "dst", "tensor", "noncontig", "max_buffer_bytes"}``: one tensor
+    between two valid layouts of a pool of 1 to ``max_world`` ranks, or of a simulated world
+    (largest first, the shape drawn with it: most ranks hold data, more ranks than rows, a
+    dim longer than the world)."""
+    from shardspec.testing.devices import simulated_worlds
+
+    worlds = simulated_worlds()
+    if worlds:
+        world = draw(largest_first(worlds), label="world")
+        shape = draw(scale_shapes(world), label="shape")
+    else:
+        world = draw(st.integers(1, max_world), label="world")
+        shape = draw(shapes(max_dims=3, max_side=6), label="shape")
+    return {
+        "world": world,
+        "src": draw(layouts_on(shape, world), label="src"),
+        "dst": draw(layouts_on(shape, world), label="dst"),
+        "tensor": draw(tensors(shape, dtypes()), label="tensor"),
+        "noncontig": draw(st.booleans(), label="noncontig"),
+        "max_buffer_bytes": draw(st.sampled_from([None, 16, 64, 4096]), label="budget"),
+    }
+
+
+@st.composite
+def state_dict_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
+    """``{"world", "entries": [{"key", "src", "dst", "tensor", "out", "pad"}], "budget"}``:
+    2 to 4 tensors of distinct dtypes (bool, int8 and uint8 beside 8-byte types), each with
+    its own layouts; ``out`` is None for every entry (the executor allocates) or an OUT_KINDS
+    kind per entry, ``pad`` the storage offset of its view."""
+    world = draw(st.integers(1, max_world), label="world")
+    kinds = draw(st.lists(dtypes(), min_size=2, max_size=4, unique=True), label="dtypes")
+    with_out = draw(st.booleans(), label="out")
+    entries = []
+    for i, dt in enumerate(kinds):
+        shape = draw(shapes(max_dims=3, max_side=5))
+        entries.append(
+            {
+                "key": f"t{i}.{str(dt).removeprefix('torch.')}",
+                "src": draw(layouts_on(shape, world)),
+                "dst": draw(layouts_on(shape, world)),
+                "tensor": draw(tensors(shape, st.just(dt))),
+                "out": draw(st.sampled_from(OUT_KINDS)) if with_out else None,
+                "pad": draw(st.integers(1, 3)),
+            }
+        )
+    budget = draw(st.sampled_from([None, 16, 48, 4096]), label="budget")
+    return {"world": world, "entries": entries, "budget": budget}
+
+
+@st.composite
+def flatten_cases(draw: st.DrawFn) -> dict[str, Any]:
+    """``{"mesh": (dp, tp), "tp_dim", "weight", "buf", "owners"}`` for FSDP-8: a weight
+    TP-sharded on ``tp_dim`` then FSDP-chunked (more ranks than rows included), and a buffer
+    chunked over ``owners``, a drawn subset of the ranks in a drawn order, so some ranks
+    often hold nothing of it."""
+    mesh = draw(st.sampled_from([(1, 2), (2, 1), (2, 2), (1, 3), (3, 1), (1, 4), (4, 1)]))
+    world = mesh[0] * mesh[1]
+    wshape = draw(shapes(min_dims=1, max_dims=3, max_side=6))
+    owners = draw(st.permutations(range(world)))[: draw(st.integers(1, world))]
+    dt = draw(dtypes())
+    return {
+        "mesh": mesh,
+        "tp_dim": draw(st.integers(0, len(wshape) - 1)),
+        "weight": draw(tensors(wshape, st.just(dt))),
+        "buf": draw(tensors(draw(shapes(min_dims=1, max_dims=2, max_side=5)), st.just(dt))),
+        "owners": list(owners),
+    }

@@ -106,9 +106,23 @@ class OffByOneKnown(OffByOne):
 
 class NotAnAdapter:
     pass
+
+
+from conformance.interface import Chunk
+
+
+class ChunksOnly(Chunk):
+    """An adapter of one area, as conformance/README.md shows one."""
+
+    name = "chunks-only"
+
+    def chunk_layout(self, shape, dim, ranks):
+        return chunk_layout(shape, dim, ranks)
 '''
 
 CHUNK_RULE = "test_chunk_spec_follows_the_chunk_rule"
+VALIDATION = "test_validator_agrees_with_the_oracle"
+ONE_AREA = ("test_chunk.py", "test_validation.py")
 SLICE = f"{CHUNK_RULE} or test_reshard_path_follows_the_chunk_rule or test_fsdp_box_holds"
 
 
@@ -123,7 +137,9 @@ def outside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
-def _start(folder: Path, impl: str, k: str, log: Path) -> subprocess.Popen[str]:
+def _start(
+    folder: Path, impl: str, k: str, log: Path, files: tuple[str, ...] = ("test_chunk.py",)
+) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHARDSPEC_", "HYPOTHESIS_"))}
     env.update(
         PYTHONPATH=os.pathsep.join(filter(None, [str(folder), env.get("PYTHONPATH", "")])),
@@ -132,7 +148,7 @@ def _start(folder: Path, impl: str, k: str, log: Path) -> subprocess.Popen[str]:
         SHARDSPEC_MAX_WORLD="2",
         OUTSIDE_LOG=str(log),
     )
-    cmd = [sys.executable, "-m", "pytest", "conformance/tests/test_chunk.py", "-k", k]
+    cmd = [sys.executable, "-m", "pytest", *(f"conformance/tests/{f}" for f in files), "-k", k]
     cmd += ["--impl", impl, "-p", "no:cacheprovider", "-rsxX", "--tb=short"]
     return subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -152,6 +168,9 @@ def test_an_outside_adapter_runs_the_suite(outside: Path, tmp_path: Path) -> Non
         "defect": _start(outside, f"{MODULE}:OffByOne", CHUNK_RULE, log),
         "known": _start(outside, f"{MODULE}:OffByOneKnown", CHUNK_RULE, log),
         "bad": _start(outside, f"{MODULE}:NotAnAdapter", CHUNK_RULE, log),
+        "one area": _start(
+            outside, f"{MODULE}:ChunksOnly", f"{CHUNK_RULE} or {VALIDATION}", log, ONE_AREA
+        ),
     }
     done = {name: _finish(proc) for name, proc in runs.items()}
 
@@ -184,7 +203,13 @@ def test_an_outside_adapter_runs_the_suite(outside: Path, tmp_path: Path) -> Non
     code, out = done["bad"]
     assert code == pytest.ExitCode.USAGE_ERROR, out
     assert "outside_adapter:NotAnAdapter is <class 'outside_adapter.NotAnAdapter'>, not a " in out
-    assert "subclass of conformance.impls.Impl" in out and f"({', '.join(IMPLS)})" in out
+    assert "subclass of conformance.interface.Adapter" in out and f"({', '.join(IMPLS)})" in out
+
+    # (e) an adapter of one area runs that area; a test of another area is unsupported, named
+    code, out = done["one area"]
+    assert code == 0, out
+    assert re.search(r"1 passed, 2 skipped", out), out  # the oracle's and the large ones
+    assert "unsupported by chunks-only: the validation area (validation of a layout" in out, out
 
 
 @pytest.mark.rule("CONF-15")
@@ -194,7 +219,7 @@ def test_an_outside_adapter_runs_the_suite(outside: Path, tmp_path: Path) -> Non
         ("outside_adapter", "not a built-in name, nor of the form 'package.module:Adapter'"),
         ("no_such_module_here:Adapter", "module 'no_such_module_here' is not found"),
         (f"{MODULE}:Missing", f"module '{MODULE}' has no attribute 'Missing'"),
-        (f"{MODULE}:NotAnAdapter", "not a subclass of conformance.impls.Impl"),
+        (f"{MODULE}:NotAnAdapter", "not a subclass of conformance.interface.Adapter"),
         (f"{MODULE}:", "nor of the form 'package.module:Adapter'"),
     ],
 )
@@ -203,6 +228,26 @@ def test_a_bad_name_says_what_is_wrong(outside: Path, spec: str, says: str) -> N
         get_impl(spec)
     assert says in str(info.value)
     assert f"({', '.join(IMPLS)})" in str(info.value)
+
+
+@pytest.mark.rule("CONF-15")
+def test_an_adapter_takes_part_in_the_areas_it_subclasses(outside: Path) -> None:
+    from conformance.interface import AREAS, Unsupported
+    from conformance.report.write import environment
+
+    one = get_impl(f"{MODULE}:ChunksOnly")
+    assert one.areas() == ("chunk",) and get_impl("torch").areas() == AREAS
+    assert len(AREAS) == len(set(AREAS)) > 10
+    layout = one.chunk_layout((5,), 0, [0, 1])
+    assert [s.box.sizes for s in layout.shards] == [(3,), (2,)]
+    with pytest.raises(Unsupported, match=r"^unsupported by chunks-only: the reshard area \("):
+        one.reshard(None, layout, layout, None)
+    with pytest.raises(AttributeError):
+        one.no_such_method  # noqa: B018 - a name of no area is no method
+    header = dict(environment("chunks-only", None, "ci", "1..2", "0", one.areas()))
+    assert header["areas taken part in"] == "chunk"
+    assert "validation" in header["areas unsupported (no part taken)"].split(", ")
+    assert "chunk" not in header["areas unsupported (no part taken)"].split(", ")
 
 
 @pytest.mark.rule("CONF-15")

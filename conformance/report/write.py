@@ -363,7 +363,12 @@ def render(
 
 
 def environment(
-    impl: str, seed: int | None, profile: str, worlds: str, impl_version: str = "unknown"
+    impl: str,
+    seed: int | None,
+    profile: str,
+    worlds: str,
+    impl_version: str = "unknown",
+    areas: tuple[str, ...] | None = None,
 ) -> list[tuple[str, str]]:
     import platform
     from importlib import metadata
@@ -383,6 +388,7 @@ def environment(
     return [
         ("implementation", impl),
         ("implementation version", impl_version),
+        *_areas_header(areas),
         ("torch", version("torch")),
         ("torchrec", version("torchrec")),
         (
@@ -406,6 +412,20 @@ def environment(
         *_peer_header(impl, version),
         ("shardspec commit", commit or "unknown"),
         ("date", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())),
+    ]
+
+
+def _areas_header(areas: tuple[str, ...] | None) -> list[tuple[str, str]]:
+    """The areas of the adapter interface the implementation takes part in, and the rest,
+    whose every test is reported unsupported (conformance/interface/)."""
+    if areas is None:
+        return []
+    from conformance.interface import AREAS
+
+    rest = [a for a in AREAS if a not in areas]
+    return [
+        ("areas taken part in", ", ".join(a for a in AREAS if a in areas) or "none"),
+        ("areas unsupported (no part taken)", ", ".join(rest) or "none"),
     ]
 
 
@@ -536,6 +556,7 @@ def main(argv: list[str] | None = None) -> int:
         f"suite 1..{worlds}; one program for every rank (LocalTensorMode) {one_program}; "
         "repros as each needs",
         adapter.version(),
+        adapter.areas(),
     )
     (out / "report.md").write_text(render(impl, header, cases, entries, probes, seconds))
     (out / "report.html").write_text(

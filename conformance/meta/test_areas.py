@@ -75,23 +75,41 @@ def _imported_modules(path: Path) -> set[str]:
     return names
 
 
-OPS_MODULES = sorted((ROOT / "conformance").glob("ops*.py"))
+# The suite's operation modules (conformance/ops/) and each peer's (peers/<name>/ops.py).
+OPS_MODULES = sorted(
+    [
+        *(p for p in (ROOT / "conformance" / "ops").glob("*.py") if p.name != "__init__.py"),
+        *(ROOT / "conformance" / "peers").glob("*/ops.py"),
+    ]
+)
+SHARED = "conformance.ops.shared"
 
 
-@pytest.mark.parametrize("path", OPS_MODULES, ids=lambda p: p.name)
+def _module(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts)
+
+
+def test_the_operation_modules_are_found() -> None:
+    names = {_module(p) for p in OPS_MODULES}
+    assert {"conformance.ops.pool", "conformance.ops.checkpoint", SHARED} <= names
+    assert "conformance.peers.megatron.ops" in names
+
+
+@pytest.mark.parametrize("path", OPS_MODULES, ids=_module)
 def test_operation_modules_import_no_area_but_the_shared_one(path: Path) -> None:
     """Areas register their operations themselves and share only ``conformance.ops.shared``:
-    an area importing another (or ``ops.py`` importing the areas) is the circle of issue 22."""
-    areas = {f"conformance.{p.stem}" for p in OPS_MODULES} - {"conformance.ops.shared"}
-    wrong = sorted((_imported_modules(path) & areas) - {f"conformance.{path.stem}"})
-    assert not wrong, f"{path.name} imports {wrong}; share through conformance.ops.shared"
+    an area importing another (or ``ops/pool.py`` importing the areas) is the circle of issue
+    22."""
+    areas = {_module(p) for p in OPS_MODULES} - {SHARED}
+    wrong = sorted((_imported_modules(path) & areas) - {_module(path)})
+    assert not wrong, f"{path.name} imports {wrong}; share through {SHARED}"
 
 
 def test_every_operation_module_is_imported_by_the_pools() -> None:
     from conformance import OPS
     from conformance.impls import BUILTINS
 
-    areas = {f"conformance.{p.stem}" for p in OPS_MODULES} - {"conformance.ops.shared"}
+    areas = {_module(p) for p in OPS_MODULES} - {SHARED}
     # a peer's operations are its adapter's rank_ops, imported only while it is under test
     peers = set()
     for target in BUILTINS.values():

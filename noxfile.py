@@ -586,7 +586,10 @@ def bench(session: nox.Session) -> None:
     stack = install_stack(session)
     _, rest = split_args(session)
     scripts = sorted(str(p) for pkg in packages() for p in (pkg / "benchmarks").glob("bench_*.py"))
-    scripts += sorted(str(p) for p in (ROOT / "conformance").glob("bench_*.py"))
+    # the suite's own (conformance/bench/) and each peer's (conformance/peers/<name>/bench.py)
+    suite = ROOT / "conformance"
+    scripts += sorted(str(p) for p in (suite / "bench").glob("*.py") if p.name != "__init__.py")
+    scripts += sorted(str(p) for p in (suite / "peers").glob("*/bench.py"))
     for script in scripts:
         session.run(stack.python, script, *rest)
 

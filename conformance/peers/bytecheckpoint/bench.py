@@ -167,7 +167,9 @@ def load(rank: int, world: int, path: str, variant: str, layers: int, dim: int) 
 
 # ---------------------------------------------------------------- driver side
 
-_LOAD, _SAVE = f"{Path(__file__).stem}:load", f"{Path(__file__).stem}:save"
+# the ranks import this module by its name in the suite, also when it runs as a script
+_MODULE = "conformance.peers.bytecheckpoint.bench"
+_LOAD, _SAVE = f"{_MODULE}:load", f"{_MODULE}:save"
 
 
 def _mib(n: int) -> str:
@@ -189,7 +191,7 @@ def main() -> None:
 
         release = version()
     except Exception as e:  # not installed: the venv of nox -s peers_bytecheckpoint has it
-        print(f"bench_bytecheckpoint: skipped: ByteCheckpoint is not installed ({e})")
+        print(f"conformance/peers/bytecheckpoint/bench.py: skipped: ByteCheckpoint is not installed ({e})")
         return
     with tempfile.TemporaryDirectory() as tmp:
         pool = RankPool(WORLD, timeout=1200)

@@ -191,7 +191,7 @@ def main() -> None:
 
         release = version()
     except Exception as e:  # not installed: the venv of nox -s peers_bytecheckpoint has it
-        print(f"conformance/peers/bytecheckpoint/bench.py: skipped: ByteCheckpoint is not installed ({e})")
+        print(f"peers/bytecheckpoint/bench.py: skipped: ByteCheckpoint is not installed ({e})")
         return
     with tempfile.TemporaryDirectory() as tmp:
         pool = RankPool(WORLD, timeout=1200)

@@ -98,7 +98,11 @@ def listening(pid):  # {(address, port)} of the TCP sockets pid holds that liste
         return set()
     found = set()
     for table, v6 in (("tcp", False), ("tcp6", True)):
-        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:  # it ended while we looked
+            return found
+        for line in lines:
             f = line.split()
             if f[3] == "0A" and f[9] in inodes:  # TCP_LISTEN
                 raw, port = f[1].split(":")
@@ -125,28 +129,28 @@ def run(form, tmp):
     env = {k: v for k, v in env.items() if not k.startswith("TORCHELASTIC_")}
     env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", *form, "--nproc-per-node", "2"]
-    log = open(Path(tmp) / "torchrun.log", "wb")
-    proc = subprocess.Popen([*cmd, str(script), tmp], env=env, stdout=log, stderr=log,
-                            stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    logged = Path(tmp) / "torchrun.log"
     seen = {}  # (addr, port) -> who
-    try:
-        deadline = time.monotonic() + 120
-        while len(list(Path(tmp).glob("ready-*"))) < 2:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                log.flush()
-                tail = (Path(tmp) / "torchrun.log").read_text(errors="replace")[-1500:]
-                raise RuntimeError(f"{' '.join(form)}: the ranks did not start\n{tail}")
-            time.sleep(0.2)
-        for _ in range(5):  # the listeners of the whole run, as it holds them
-            for pid in tree(proc.pid):
-                who = "agent" if pid == proc.pid else "rank"
-                for a in listening(pid):
-                    seen[a] = who
-            time.sleep(0.2)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        log.close()
+    with open(logged, "wb") as log:
+        proc = subprocess.Popen([*cmd, str(script), tmp], env=env, stdout=log, stderr=log,
+                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            while len(list(Path(tmp).glob("ready-*"))) < 2:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.flush()
+                    tail = logged.read_text(errors="replace")[-1500:]
+                    raise RuntimeError(f"{' '.join(form)}: the ranks did not start\n{tail}")
+                time.sleep(0.2)
+            for _ in range(5):  # the listeners of the whole run, as it holds them
+                for pid in tree(proc.pid):
+                    who = "agent" if pid == proc.pid else "rank"
+                    for a in listening(pid):
+                        seen[a] = who
+                time.sleep(0.2)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     return seen
 
 

@@ -77,7 +77,7 @@ def _parse(hexaddr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
 
 
 def _socket_inodes(pid: int) -> set[int]:
-    inodes = set()
+    inodes: set[int] = set()
     try:
         entries = list(Path(f"/proc/{pid}/fd").iterdir())
     except OSError:

@@ -6,6 +6,7 @@ are those of the run's own processes, sampled from /proc while it runs, not the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -127,9 +128,10 @@ def test_a_launched_run_listens_on_loopback_only(tmp_path: Path) -> None:
                 for x in listeners(process_tree(proc.pid)):
                     seen[(str(x.address), x.port, x.inode)] = x
                 time.sleep(0.1)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+        finally:  # torchrun starts each rank in a session of its own: kill every process
+            for pid in process_tree(proc.pid) if proc.poll() is None else []:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             proc.wait()
     tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
     assert proc.returncode == 0, f"the launched run failed (exit {proc.returncode}):\n{tail}"

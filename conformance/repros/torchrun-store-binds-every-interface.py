@@ -5,7 +5,8 @@ ranks, `torchrun --standalone`, `--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:P
 `--rdzv-backend static --master-addr 127.0.0.1`, each a few seconds, and lists the TCP sockets
 each run's own processes (agent and ranks, not the rest of the machine) listen on, read from
 /proc/PID/net/tcp{,6} and the sockets in /proc/PID/fd. Every process tree is killed after.
-Under torchrun, only local rank 0 does this (nproc 1 is enough).
+Under torchrun, only local rank 0 does this (nproc 1 is enough). Reproduced (2026-11-29, on
+CPU) with torch 2.13.0+cpu, 2.14.1+cu130 and 2.15.0+cu132: the same listeners on each.
 """
 
 import contextlib
@@ -27,9 +28,10 @@ DEFECT = {
     "upstream": None,
     "issue_text": """### torchrun's rendezvous store listens on every interface, whatever its host
 
-On torch 2.13.0 (CPU, Linux), a one-node torchrun whose rendezvous is asked for 127.0.0.1 still
-has its elastic agent listen on every interface (`*:PORT` in `ss -ltnp`, IPv4 and IPv6) for
-the whole run, while the ranks' own sockets (gloo, `GLOO_SOCKET_IFNAME=lo`) are on 127.0.0.1:
+On torch 2.13.0, 2.14.1 and 2.15.0 (Linux, run on CPU), a one-node torchrun whose rendezvous
+is asked for 127.0.0.1 still has its elastic agent listen on every interface (`*:PORT` in
+`ss -ltnp`, IPv4 and IPv6) for the whole run, while the ranks' own sockets (gloo,
+`GLOO_SOCKET_IFNAME=lo`) are on 127.0.0.1:
 
 - `torchrun --standalone --nproc-per-node 2`: the agent listens on `*:P1` and `*:P2`; should
   be 127.0.0.1 (standalone is one node);

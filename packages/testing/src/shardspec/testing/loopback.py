@@ -4,18 +4,21 @@ torch's ``TCPStore`` given ``"127.0.0.1"`` as its host still listens on every in
 (``*:PORT`` in ``ss -ltn``): the host only says where clients connect. So the pool binds the
 listening socket to 127.0.0.1 itself and hands its descriptor to the store
 (``master_listen_fd``). gloo binds its pairs to the address of ``GLOO_SOCKET_IFNAME``, which
-the pool sets to the loopback device ``lo``.
+the pool sets to the loopback device ``lo``. torchrun's own agent store cannot be handed a
+socket: a launched run is held to loopback by a network namespace of its own
+(``shardspec.testing.loopback_launch``), where every address is a loopback one.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Listener", "listeners", "loopback_store"]
+__all__ = ["Listener", "listeners", "loopback_store", "process_tree"]
 
 
 def loopback_store() -> Any:
@@ -39,18 +42,30 @@ def loopback_store() -> Any:
 
 @dataclass(frozen=True)
 class Listener:
-    """A listening TCP socket from the OS table: its local address, port and inode."""
+    """A listening TCP socket from the OS table: its local address, port and inode, and the
+    interfaces of the network namespace it listens in."""
 
     address: ipaddress.IPv4Address | ipaddress.IPv6Address
     port: int
     inode: int
+    # Empty when unknown: a wildcard address then counts as every interface.
+    interfaces: tuple[str, ...] = ()
 
     @property
     def loopback(self) -> bool:
+        """Whether only loopback reaches it: bound to a loopback address, or to every address
+        of a network namespace whose only interface is ``lo`` (``loopback_launch``)."""
         addr = self.address
         if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-            return addr.ipv4_mapped.is_loopback
-        return addr.is_loopback
+            addr = addr.ipv4_mapped
+        if addr.is_loopback:
+            return True
+        return addr.is_unspecified and self.interfaces == ("lo",)
+
+    def __str__(self) -> str:
+        host = "*" if self.address.is_unspecified else str(self.address)
+        where = f" (namespace of {', '.join(self.interfaces)})" if self.interfaces else ""
+        return f"{host}:{self.port}{where}"
 
 
 def _parse(hexaddr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
@@ -61,29 +76,34 @@ def _parse(hexaddr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     return ipaddress.IPv6Address(b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
 
 
-def listeners(pids: list[int] | None = None) -> list[Listener]:
-    """Every listening TCP socket in ``/proc/net/tcp{,6}``; with ``pids``, only those whose
-    descriptors one of these processes holds."""
-    inodes: set[int] | None = None
-    if pids is not None:
-        inodes = set()
-        for pid in pids:
-            fd_dir = Path(f"/proc/{pid}/fd")
-            try:
-                entries = list(fd_dir.iterdir())
-            except OSError:
-                continue
-            for fd in entries:
-                try:
-                    target = fd.readlink().as_posix()
-                except OSError:
-                    continue
-                if target.startswith("socket:["):
-                    inodes.add(int(target[8:-1]))
-    out = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+def _socket_inodes(pid: int) -> set[int]:
+    inodes: set[int] = set()
+    try:
+        entries = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return inodes  # gone, or not ours to read
+    for fd in entries:
         try:
-            lines = Path(table).read_text().splitlines()[1:]
+            target = fd.readlink().as_posix()
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def _table(net: Path) -> list[Listener]:
+    """The listening sockets of one network namespace, read through ``net`` (``/proc/PID/net``:
+    a process in another namespace has its own tables there)."""
+    try:
+        dev = (net / "dev").read_text().splitlines()[2:]
+    except OSError:
+        dev = []
+    interfaces = tuple(sorted(line.split(":", 1)[0].strip() for line in dev if ":" in line))
+    out = []
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (net / table).read_text().splitlines()[1:]
         except OSError:
             continue
         for line in lines:
@@ -91,7 +111,46 @@ def listeners(pids: list[int] | None = None) -> list[Listener]:
             if fields[3] != "0A":  # TCP_LISTEN
                 continue
             addr, port = fields[1].split(":")
-            inode = int(fields[9])
-            if inodes is None or inode in inodes:
-                out.append(Listener(_parse(addr), int(port, 16), inode))
+            out.append(Listener(_parse(addr), int(port, 16), int(fields[9]), interfaces))
     return out
+
+
+def listeners(pids: list[int] | None = None) -> list[Listener]:
+    """Every listening TCP socket of this process's network namespace; with ``pids``, only
+    those whose descriptors one of these processes holds, read from each process's own
+    namespace (so a run in a namespace of its own is seen too)."""
+    if pids is None:
+        return _table(Path("/proc/self/net"))
+    seen: dict[str, list[Listener]] = {}  # per network namespace
+    out: list[Listener] = []
+    for pid in pids:
+        inodes = _socket_inodes(pid)
+        if not inodes:
+            continue
+        try:
+            ns = os.readlink(f"/proc/{pid}/ns/net")
+        except OSError:
+            continue
+        if ns not in seen:
+            seen[ns] = _table(Path(f"/proc/{pid}/net"))
+        out += [x for x in seen[ns] if x.inode in inodes and x not in out]
+    return out
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every live descendant of it, from each process's parent in ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # it ended while we looked
+        # the command name may hold spaces and parentheses: the fields follow the last ")"
+        ppid = int(text[text.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    return tree

@@ -233,6 +233,24 @@ def test_layout_divergence_drawn_rank_by_rank() -> None:
     )  # fmt: skip
     page = render_html("r", [("torch", "2.13.0")], [entry])  # type: ignore[list-item]
     assert page.count('<tr class="diff">') == 1, "only rank 1's boxes differ"
+    assert "<b>torch does</b>: a" in page
+
+
+@pytest.mark.rule("CONF-7")
+def test_a_peers_report_says_what_that_peer_does() -> None:
+    from conformance.report.entries import Entry
+    from conformance.report.write import _entry_md
+
+    entry = Entry(
+        id="e", area="checkpoint_files", rule="CKPT-1", rules_cited=[], title="t",
+        upstream=None, world_sizes=[2], repro="repro/e.py", reproduced=True,
+        torch_does="loads on rank 0 only", spec_says="refused on every rank",
+    )  # fmt: skip
+    text = "\n".join(_entry_md(1, entry, {}, {}, "megatron"))
+    assert "- **What megatron does**: loads on rank 0 only" in text
+    assert "What torch" not in text
+    page = render_html("r", [], [entry], impl="megatron")
+    assert "<b>megatron does</b>: loads on rank 0 only" in page and "torch does" not in page
 
 
 @pytest.mark.rule("CONF-7")

@@ -118,7 +118,9 @@ pre { background: #f6f6f6; padding: .6em; overflow-x: auto } .no { color: #b00 }
 """
 
 
-def render_html(title: str, header: list[tuple[str, str]], entries: list[Entry]) -> str:
+def render_html(
+    title: str, header: list[tuple[str, str]], entries: list[Entry], impl: str = "torch"
+) -> str:
     out = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
         f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1><table>",
@@ -136,7 +138,7 @@ def render_html(title: str, header: list[tuple[str, str]], entries: list[Entry])
             cls = "" if e.reproduced else ' class="no"'
             out.append(f"<li><b>Repro</b> <code>{e.repro}</code>: <span{cls}>{ok}</span></li>")
         out.append("</ul>")
-        for label, text in (("torch does", e.torch_does), ("the spec says", e.spec_says)):
+        for label, text in ((f"{impl} does", e.torch_does), ("the spec says", e.spec_says)):
             if text:
                 out.append(f"<p><b>{label}</b>: {html.escape(text)}</p>")
         if e.divergences:

@@ -241,7 +241,9 @@ def _area_tables(cases: list[Case]) -> list[str]:
     return out
 
 
-def _entry_md(i: int, e: Entry, rules: dict[str, str], probes: dict[str, Probe]) -> list[str]:
+def _entry_md(
+    i: int, e: Entry, rules: dict[str, str], probes: dict[str, Probe], impl: str = "torch"
+) -> list[str]:
     out = [f'<a id="{e.id}"></a>', f"### {i}. {e.id}: {e.title}", ""]
     rule = e.rule or ", ".join(e.rules_cited)
     out.append(f"- **Breaks {rule}**: {rules.get(e.rule or '', '(see the rules cited)')}")
@@ -254,7 +256,8 @@ def _entry_md(i: int, e: Entry, rules: dict[str, str], probes: dict[str, Probe])
             f"`torchrun --standalone --nproc-per-node {max(e.world_sizes)} {e.repro}`: {state}"
         )
     if e.torch_does:
-        out.append(f"- **What torch does**: {e.torch_does}")
+        # a peer's repro states what that peer does (its DEFECT's torch_does field)
+        out.append(f"- **What {impl} does**: {e.torch_does}")
     if e.spec_says:
         out.append(f"- **What the spec says**: {e.spec_says}")
     if e.divergences:
@@ -336,7 +339,7 @@ def render(
         )
     out += [""]
     for i, e in enumerate(shown, 1):
-        out += _entry_md(i, e, rules, by_probe)
+        out += _entry_md(i, e, rules, by_probe, impl)
     fixed = [e for e in entries if e not in shown and not e.checked]
     if fixed:
         out += ["## Known defects that no longer reproduce", ""]
@@ -560,7 +563,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     (out / "report.md").write_text(render(impl, header, cases, entries, probes, seconds))
     (out / "report.html").write_text(
-        render_html(f"Conformance report: {impl}", header, [e for e in entries if _shown(e)])
+        render_html(
+            f"Conformance report: {impl}", header, [e for e in entries if _shown(e)], impl=impl
+        )
     )
     case_json = {c.test: asdict(c) for c in cases}
     (out / "report.json").write_text(

@@ -71,6 +71,14 @@ class MegatronImpl(Checkpoint, CheckpointFiles):
     # imported by the pools only while Megatron-Core is under test (its own venv)
     rank_ops = ("conformance.peers.megatron.ops",)
 
+    def version(self) -> str:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("megatron-core")
+        except PackageNotFoundError:
+            return "megatron-core not installed"
+
     def unsupported(self, what: str) -> Any:
         from conformance.interface import Unsupported
 

@@ -1,4 +1,5 @@
-"""Every Hypothesis strategy of the conformance suite, in one module.
+"""The Hypothesis strategies every area draws from; those of one concern live beside this
+module (``checkpoint``, ``agreement``, ``grids``, ``json``, ``streams``, ``scale``).
 
 Re-exports ``shardspec.metadata.strategies`` (layouts: chunk, grid, guillotine, replicas,
 shuffled order; DTensor meshes and placements) and adds what the suite needs on top: the

@@ -51,6 +51,14 @@ class ByteCheckpointImpl(CheckpointFiles, CheckpointLibrary):
     def __init__(self) -> None:
         self._model_runs: dict[str, dict[str, dict[int, list[str]]]] = {}
 
+    def version(self) -> str:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("bytecheckpoint")
+        except PackageNotFoundError:
+            return "bytecheckpoint not installed"
+
     def unsupported(self, what: str) -> Unsupported:
         return Unsupported(f"unsupported by {self.name}: {WHAT_IT_IS} {what}")
 

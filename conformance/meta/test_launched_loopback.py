@@ -91,12 +91,19 @@ def test_every_interface_of_a_namespace_holding_only_lo_is_loopback() -> None:
     proc, port = _wide_listener(isolated([sys.executable, "-c", LISTEN_WIDE]))
     try:
         found = _sampled(proc.pid)
+        theirs = os.readlink(f"/proc/{proc.pid}/ns/net")
+        # While the child still listens: after it ends its socket is gone from every table.
+        here = listeners()
     finally:
         _stop(proc)
     # read from the child's own namespace: this process's /proc/net/tcp does not hold it
     assert [x.port for x in found] == [port], f"sampled {found}, not the child's *:{port}"
     assert found[0].interfaces == ("lo",) and found[0].loopback, found[0]
-    assert not any(x.port == port for x in listeners()), "the namespace was not the child's own"
+    assert theirs != os.readlink("/proc/self/ns/net"), f"the child is in this namespace ({theirs})"
+    # By the socket's inode, which no other socket shares: another process of this namespace
+    # may hold the same port number (each namespace has its own ports).
+    mine = found[0].inode
+    assert not any(x.inode == mine for x in here), f"this namespace lists the child's {found[0]}"
 
 
 @pytest.mark.rule("CONF-9", "CONF-11")

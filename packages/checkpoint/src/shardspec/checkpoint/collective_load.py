@@ -46,7 +46,7 @@ from shardspec.metadata import Box, Layout
 
 from .dcp_files import UnsupportedItem
 from .dcp_reader import WHOLE_ITEM_BYTES, CheckpointReadError
-from .load_exchange import BYTES_KEY, Target, exchange, replicated
+from .load_exchange import BYTES_KEY, Target, exchange, replicated, whole_on_every_rank
 from .load_reads import Run, TensorReads, assign_reads, choose_reads
 from .load_submeshes import whole_layouts
 
@@ -748,16 +748,38 @@ def _read_once(
     small: list[Any] = []
     spanned: list[Any] = []  # their read items, should the reader have to read them
     entries = _SmallEntries(reader, targets)
+    whole = {t.key for t in targets if world > 1 and _read_in_place(t, world)}
     for run in runs:
         if run.reader != rank:
             continue
         t = by_key[run.key]
         chunk = t.saved.chunks[run.chunk]
         mine = held.setdefault(run.key, [])
-        out = torch.empty(run.box.sizes, dtype=t.saved.properties.dtype)
-        mine.append(out)
         index = MetadataIndex(run.key, chunk.offsets, run.chunk)
         start = tuple(o - c for o, c in zip(run.box.offsets, chunk.offsets))
+        # Where the run's bytes go. Never a new tensor where that can be helped: its pages are
+        # fresh anonymous memory the kernel zero-fills on first touch, which cost 5x the read
+        # (spec/09-checkpoint.md, "Measured": the read phase of once). A tensor every rank
+        # holds whole: straight into this rank's destination, which is then broadcast as it
+        # is (load_exchange). Any other large run: the page cache's own pages, mapped.
+        if run.key in whole:
+            out = t.outs[0][run.box.slices()]
+        else:
+            # (a small run is read whole with its neighbours, below: one pread for many)
+            m = None
+            if run.nbytes > WHOLE_ITEM_BYTES:
+                m = reader.map_rows(index, start, run.box.sizes)
+            if m is not None:
+                out, nread, ranges = m
+                mine.append(out)
+                stats.data_bytes += run.nbytes
+                stats.bytes_read += nread
+                stats.chunks += 1
+                if reader.trace_reads:
+                    stats.ranges += [(os.path.basename(f), a, b) for f, a, b in ranges]
+                continue
+            out = torch.empty(run.box.sizes, dtype=t.saved.properties.dtype)
+        mine.append(out)
         item = ReadItem(
             type=LoadItemType.TENSOR,
             dest_index=MetadataIndex(run.key, torch.Size(run.box.offsets), len(mine) - 1),
@@ -784,6 +806,24 @@ def _read_once(
             held[BYTES_KEY + fqn] = [torch.frombuffer(bytearray(raw), dtype=torch.uint8)]
             stats.value_bytes += len(raw)
     return held
+
+
+def _read_in_place(t: Target, world: int) -> bool:
+    """Whether ``reads="once"`` reads ``t``'s runs straight into this rank's destination:
+    every rank holds the tensor whole (its runs are then broadcast from where they were read,
+    ``load_exchange._broadcast_whole``) in a plain CPU tensor of the saved dtype."""
+    import torch
+
+    if len(t.outs) != 1 or not whole_on_every_rank(t.dst, world):
+        return False
+    out = t.outs[0]
+    return (
+        type(out) is torch.Tensor
+        and out.device.type == "cpu"
+        and out.dtype == t.saved.properties.dtype
+        and not out.is_conj()
+        and not out.is_neg()
+    )
 
 
 def _stored_bytes(reader: Any, fqn: str, stats: LoadStats) -> bytes:

@@ -300,7 +300,7 @@ class FileSystemReader(_DcpFileSystemReader):  # type: ignore[misc]
         with the bytes read (the chunk's header and the data) and every (file, start, stop)
         read, as :attr:`ReadStats.ranges` counts them. None when the chunk is not one this
         reader reads in place (a transform, a ByteCheckpoint or safetensors entry, a box that
-        is no dense range, data off its element alignment): the caller reads it another way.
+        is no dense range): the caller reads it another way.
 
         Why a mapping and not a read into a new tensor: a new tensor is fresh anonymous memory
         whose every page the kernel zero-fills on first touch, which cost 5x the read itself
@@ -358,7 +358,7 @@ class FileSystemReader(_DcpFileSystemReader):  # type: ignore[misc]
                 return None
             start = offset + saved.data_offset + lo * saved.itemsize
             n = (hi - lo) * saved.itemsize
-            if start % saved.itemsize or lo < 0 or hi * saved.itemsize > saved.data_length:
+            if lo < 0 or hi * saved.itemsize > saved.data_length:
                 return None
             base = start - start % mmap.ALLOCATIONGRANULARITY
             try:
@@ -367,10 +367,12 @@ class FileSystemReader(_DcpFileSystemReader):  # type: ignore[misc]
                 return None
         finally:
             os.close(fd)  # a mapping outlives its descriptor
-        # the tensor keeps the mapping alive; the mapping is unmapped when the tensor dies
-        raw = torch.frombuffer(mm, dtype=torch.uint8)[start - base : start - base + n]
+        # The tensor keeps the mapping alive; the mapping is unmapped when the tensor dies. A
+        # chunk after another in its file may start at any byte: frombuffer takes that offset
+        # (a typed view of a byte tensor would not), and the CPU's copies read it unaligned.
+        typed = torch.frombuffer(mm, dtype=saved.dtype, offset=start - base, count=hi - lo)
         ranges.append((full, start, start + n))
-        return raw.view(saved.dtype).view(lengths), sum(b - a for _, a, b in ranges), ranges
+        return typed.view(lengths), sum(b - a for _, a, b in ranges), ranges
 
     def _raw_tensor(self, index: MetadataIndex, info: Any) -> SavedTensor:
         try:

@@ -30,6 +30,7 @@ class CollectiveLoad(Adapter):
         reads: str,
         damage: str | None,
         example: str,
+        storage: str | None = None,
     ) -> list[Any]:
         """A real ``dcp.save`` on ``save_pool``'s ranks of ``{"t": ShardedTensor of saved's
         boxes of tensor, "v": {"n": 7}, "w": 5}``; then, when ``damage`` says so, the file
@@ -41,7 +42,8 @@ class CollectiveLoad(Adapter):
         left finding bytes of its size; then the implementation's
         collective load (CKPT-23 to CKPT-27) on ``load_pool``'s ranks into ``{"t": load,
         "v": {"n": 0}, "w": 0}`` (``load`` as in :meth:`checkpoint_round_trip`, or ``{"kind":
-        "plain"}``: a plain tensor on every rank) with ``reads``. Per load rank a RankResult
+        "plain"}``: a plain tensor on every rank) with ``reads`` (and ``storage``, what
+        ``reads="auto"`` is told of the storage, when not None: CKPT-25). Per load rank a RankResult
         whose value holds ``error`` (what the rank raised, or None), ``value`` (``{"v": ...,
         "w": ...}`` as loaded), ``stats`` (``reads``, ``data_bytes``, ``value_bytes``,
         ``ranges``: (file, start, stop) of each byte range read, or None when the
@@ -58,6 +60,8 @@ class CollectiveLoad(Adapter):
                 damage_checkpoint(path, damage)
             load_args = {**load, "path": path, "dtype": dtype_name(tensor), "fill": 1,
                          "reads": reads, "shape": list(tensor.shape)}  # fmt: skip
+            if storage is not None:
+                load_args["storage"] = storage
             return self._run_via(  # type: ignore[no-any-return]
                 "collective load", load_pool, "checkpoint.collective_load", load_args,
                 per_rank_tensors=ones_of(load, tensor, load_pool.world_size), example=example,

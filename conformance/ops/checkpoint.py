@@ -157,9 +157,12 @@ def _collective_load(
         if via == "shardspec":
             from shardspec.checkpoint.collective_load import load
 
-            stats = load(sd, args["path"], reads=args["reads"], trace_reads=True)
+            stats = load(
+                sd, args["path"], reads=args["reads"], trace_reads=True, storage=args.get("storage")
+            )
             facts["stats"] = {
                 "reads": stats.reads,
+                "storage": stats.storage,
                 "data_bytes": stats.data_bytes,
                 "value_bytes": stats.value_bytes,
                 "ranges": [list(r) for r in stats.ranges],

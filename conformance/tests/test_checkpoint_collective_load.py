@@ -13,7 +13,9 @@ finding bytes of its size) is refused on every rank with the same error naming t
 from __future__ import annotations
 
 import itertools
+import os
 import re
+import tempfile
 from typing import Any
 
 import pytest
@@ -25,12 +27,15 @@ from conformance.assertions import assert_equal, assert_tensor_bitwise
 from conformance.cases import case
 from conformance.codec import layout_from_json, layout_to_json
 from conformance.impls import Impl
+from shardspec.checkpoint.storage import storage_kind
 from shardspec.metadata import Box, Layout, Shard
 from shardspec.testing.devices import simulated_worlds
 
 from .test_checkpoint import ROWS_TO_COLUMNS_BF16, _describe_load, round_trips
 
 READS = ("own", "once", "auto")
+# what reads="auto" is told of the storage (None: it finds out; CKPT-25)
+STORAGE = (None, "local", "shared")
 # Each example saves and loads through real files on two pools (about 2.5 s on 2 cores): a
 # few dozen drawn examples, or the profile's own number where it asks for fewer (the
 # simulated worlds, the launched run).
@@ -46,6 +51,7 @@ def collective_loads(draw: st.DrawFn) -> dict[str, Any]:
         c["load"] = {"kind": "plain"}
     _maybe_on_sub_meshes(draw, c["load"])
     c["reads"] = draw(st.sampled_from(READS))
+    c["storage"] = draw(st.sampled_from(STORAGE))
     c["damage"] = draw(st.sampled_from([None] * 12 + ["truncate", "remove", "metadata"]))
     return c
 
@@ -68,7 +74,8 @@ def _describe(c: dict[str, Any]) -> str:
     spoiled = f", the checkpoint damaged ({c['damage']})" if c.get("damage") else ""
     return (
         f"dcp.save on {c['save_world']} ranks of ShardedTensor {c['saved']!r}{spoiled}, "
-        f"collective load (reads={c['reads']}) on {c['load_world']} ranks into {where}, "
+        f"collective load (reads={c['reads']}, storage={c.get('storage')}) on "
+        f"{c['load_world']} ranks into {where}, "
         f"dtype={c['tensor'].dtype}"
     )
 
@@ -85,10 +92,21 @@ def _want(t: Any, load: dict[str, Any], rank: int) -> list[Any]:
     ]
 
 
-def _auto(t: Any, load: dict[str, Any], world: int) -> str:
-    """CKPT-25 on these small tensors (no read of "own" reaches 1 MiB): "once" exactly when
-    two ranks hold the same non-empty box of the destination."""
-    if t.numel() == 0:
+def _storage(storage: str | None) -> str:
+    """The storage kind a load of a checkpoint in the temporary directory is told, or finds:
+    the environment variable, else the file system's type (CKPT-25)."""
+    if storage is not None:
+        return storage
+    env = os.environ.get("SHARDSPEC_STORAGE", "").strip().lower()
+    return env or storage_kind(tempfile.gettempdir())
+
+
+def _auto(t: Any, load: dict[str, Any], world: int, storage: str) -> str:
+    """CKPT-25 on these small tensors (no read of "own" reaches 1 MiB): on local storage
+    "own" (it reads a replicated box once per holder, but "once" would move the box to every
+    other holder, and a byte moved costs more than one read); on shared storage "once" exactly
+    when two ranks hold the same non-empty box of the destination."""
+    if t.numel() == 0 or storage == "local":
         return "own"
     if load["kind"] == "plain":
         return "once" if world > 1 else "own"
@@ -135,6 +153,10 @@ REPLICATED_AUTO = {
     "reads": "auto",
     "damage": None,
 }
+# The same on shared storage, where "auto" reads the replicated rows once (CKPT-25); and on
+# sub-meshes told the storage is local, where it reads its own
+REPLICATED_AUTO_SHARED = {**REPLICATED_AUTO, "storage": "shared"}
+ON_SUB_MESHES_AUTO_LOCAL = {**ON_SUB_MESHES_AUTO, "storage": "local"}
 
 # 80 row chunks saved on 2 ranks, loaded into a ShardedTensor of 79 shards shifted by a row on
 # 3 (the first holds two rows): past 64 boxes the saved chunks and the destination's
@@ -236,6 +258,8 @@ def _examples(test: Any) -> Any:
     for ex in (
         ON_SUB_MESHES_AUTO,
         REPLICATED_AUTO,
+        REPLICATED_AUTO_SHARED,
+        ON_SUB_MESHES_AUTO_LOCAL,
         ROWS_TO_COLUMNS_OWN,
         TRUNCATED_ONCE,
         ROWS_TO_PLAIN_ONCE,
@@ -270,7 +294,7 @@ def test_a_collective_load_gives_every_rank_the_reference_or_fails_on_all(
     with case():
         results = impl.checkpoint_collective_load(
             pools(c["save_world"]), pools(c["load_world"]), c["saved"], t, load, c["reads"],
-            c["damage"], ex,
+            c["damage"], ex, storage=c.get("storage"),
         )  # fmt: skip
         errors = [r.value["error"] for r in results]
         if c["damage"] is not None:
@@ -290,8 +314,13 @@ def test_a_collective_load_gives_every_rank_the_reference_or_fails_on_all(
         modes = {s["reads"] for s in stats}
         assert_equal("read modes of the ranks", len(modes), 1, ex)
         mode = modes.pop()
-        want_mode = c["reads"] if c["reads"] != "auto" else _auto(t, load, len(results))
+        storage = _storage(c.get("storage"))
+        auto = _auto(t, load, len(results), storage)
+        want_mode = c["reads"] if c["reads"] != "auto" else auto
         assert_equal("read mode", mode, want_mode, ex, rule="CKPT-25")
+        if c["reads"] == "auto":
+            assert_equal("the storage auto chose by", stats[0]["storage"], storage, ex,
+                         rule="CKPT-25")  # fmt: skip
         nbytes = t.numel() * t.element_size()
         if mode == "once":
             # balanced: no rank reads more than a fair share plus one chunk (these chunks are

@@ -212,6 +212,7 @@ def load(rank: int, world: int, path: str, case: str, variant: str) -> dict[str,
     a2a = _a2a_buffers(path, case, rank, world) if variant == "a2a" else None
     meta = os.path.getsize(os.path.join(path, ".metadata"))
     out: dict[str, Any] = {"bytes": -1, "data": -1, "phases": {}, "reads": "", "moved": 0}
+    out["storage"] = ""
     reader = FileSystemReader(path) if variant == "ours" else None
     stats: LoadStats | None = None
     dist.barrier()
@@ -238,6 +239,7 @@ def load(rank: int, world: int, path: str, case: str, variant: str) -> dict[str,
     if stats is not None:
         out.update(bytes=stats.bytes_read, data=stats.data_bytes, phases=stats.seconds)
         out["reads"] = stats.reads
+        out["storage"] = stats.storage
     elif reader is not None:
         out.update(bytes=reader.stats.bytes_read + meta, data=reader.stats.bytes_read)
     elif variant.startswith("floor"):
@@ -454,6 +456,7 @@ def measure(
         if len(seen | {auto[r]["digest"]}) != 1:
             raise SystemExit(f"{case} on {pool.world_size} ranks: rank {r} loaded different bytes")
     out: dict[str, Any] = {"auto": auto[0]["reads"], "needed": pool.call(_NEEDED, path, case)[0]}
+    out["auto_storage"] = auto[0]["storage"]
     for v in VARIANTS:
         last = runs[v][-1]
         phases = {
@@ -651,6 +654,17 @@ def verdicts(
     def line(ok: bool, text: str) -> None:
         print(f"  [{'MET' if ok else 'NOT MET'}] {text}")
 
+    for name, r in rows:
+        # CKPT-25: these files are local (page-cached), where auto must not take the slower
+        own, once = r["load-own"]["seconds"], r["load-once"]["seconds"]
+        faster = "own" if own <= once else "once"
+        picked = r["auto"] or "own"
+        line(
+            picked == faster,
+            f"{name}: auto took {picked} ({r['auto_storage'] or 'no'} storage); the faster here "
+            f"was {faster} (own {own:.3f}s, once {once:.3f}s: "
+            f"{max(own, once) / max(min(own, once), 1e-9):.2f}x)",
+        )
     for name, r in rows:
         auto = "load-" + (r["auto"] or "own")
         ratio = r["ours"]["seconds"] / r[auto]["seconds"]

@@ -108,8 +108,9 @@ def load(
     planner: str,
 ) -> dict[str, Any]:
     """Load with ``planner``: "ours" or "default" (``dcp.load`` with our planner or DCP's), or
-    "load-own", "load-once", "load-auto" (``shardspec.checkpoint.load`` with that ``reads``);
-    return the failures and what was read."""
+    "load-own", "load-once", "load-auto" (``shardspec.checkpoint.load`` with that ``reads``;
+    "load-auto-shared", "load-auto-local": told the storage); return the failures and what
+    was read."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner
 
@@ -124,7 +125,8 @@ def load(
     sd["step"] = {"epoch": 0, "note": ""}
     stats = None
     if planner.startswith("load-"):
-        stats = collective_load(sd, path, reads=planner[len("load-") :])
+        reads, _, storage = planner[len("load-") :].partition("-")
+        stats = collective_load(sd, path, reads=reads, storage=storage or None)
     else:
         dcp.load(
             sd,

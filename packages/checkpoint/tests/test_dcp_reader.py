@@ -418,3 +418,42 @@ def test_a_kept_plan_read_without_its_items_is_an_error(tmp_path: Path) -> None:
     kept = keeper.prepare_local_plan(LoadPlan([], planner_data=PLAN_STAYS_LOCAL))
     with pytest.raises(CheckpointReadError, match="without the read items this rank kept"):
         other.read_data(kept, LoadPlanner())
+
+
+@pytest.mark.rule("CKPT-24", "CKPT-26")
+def test_rows_of_a_chunk_mapped_in_place_hold_its_bytes_or_fail_naming_the_file(
+    tmp_path: Path,
+) -> None:
+    """``map_rows`` (how reads="once" holds a large run): a row run of a saved chunk, as a
+    tensor over the file's pages, the bytes counted; None for a box that is no dense range
+    and for a value; a truncated file raises naming the file, the tensor and the chunk."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    from shardspec.checkpoint.dcp import FileSystemReader
+    from shardspec.checkpoint.dcp_reader import CheckpointReadError
+
+    sd: dict[str, Any] = {"w": random_tensor((96, 40), torch.float32, 3), "obj": {"k": 1}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+        dcp.save(sd, checkpoint_id=tmp_path, no_dist=True)
+    reader = FileSystemReader(tmp_path)
+    reader.set_up_storage_reader(reader.read_metadata(), True)
+    index = MetadataIndex("w", (0, 0), 0)
+    got = reader.map_rows(index, (10, 0), (50, 40))
+    assert got is not None
+    rows, nread, ranges = got
+    assert same_bits(rows, sd["w"][10:60])
+    # the header's reads and the 50 rows, every range counted
+    assert nread == sum(b - a for _, a, b in ranges) > 50 * 40 * 4
+    assert ranges[-1][2] - ranges[-1][1] == 50 * 40 * 4
+    assert reader.map_rows(index, (10, 0), (50, 20)) is None  # columns: no dense range
+    assert reader.map_rows(MetadataIndex("obj"), (), ()) is None  # a value is no tensor
+    del rows, got  # the mapping goes with its tensor
+    data = next(p for p in tmp_path.iterdir() if p.suffix == ".distcp")
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    with pytest.raises(CheckpointReadError, match=rf"{data.name}: tensor 'w' chunk at offsets "
+                       r"\(0, 0\): the file is truncated"):  # fmt: skip
+        reader.map_rows(index, (10, 0), (50, 40))

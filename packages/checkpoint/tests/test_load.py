@@ -33,7 +33,7 @@ def check(pool: RankPool, path: Path, ents: list[Any], mode: str) -> list[dict[s
     assert not failures, (mode, failures)
     stats = [r["stats"] for r in results]
     assert len({s["reads"] for s in stats}) == 1, stats
-    if mode != "load-auto":
+    if not mode.startswith("load-auto"):
         assert stats[0]["reads"] == mode[len("load-") :]
     return stats
 
@@ -294,16 +294,23 @@ SUBMESHES = [
 
 
 @pytest.mark.rule("CKPT-23", "CKPT-24", "CKPT-25")
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [*MODES, "load-auto-shared", "load-auto-local"])
 def test_dtensors_on_meshes_of_part_of_the_group_load(
     pools: dict[int, RankPool], tmp_path: Path, mode: str
 ) -> None:
     pools[4].call(save, str(tmp_path), entries(SUBMESHES, 1), True)
     stats = check(pools[4], tmp_path, entries(SUBMESHES, 2), mode)
-    if mode != "load-own":
-        # every rank wants what its mesh's siblings want too: read once, moved to each
+    if mode in ("load-once", "load-auto-shared"):
+        # every rank wants what its mesh's siblings want too: read once, moved to each (auto
+        # on shared storage: CKPT-25)
         assert stats[0]["reads"] == "once", stats
         assert sum(s["data_bytes"] for s in stats) == saved_data_bytes(entries(SUBMESHES, 2))
+    if mode == "load-auto-local":
+        # small replicated tensors on local storage: reading them again is cheaper than
+        # moving them (CKPT-25)
+        assert stats[0]["reads"] == "own", stats
+    if mode.startswith("load-auto-"):
+        assert stats[0]["storage"] == mode[len("load-auto-") :], stats
 
 
 @pytest.mark.rule("CKPT-23", "CKPT-26")

@@ -128,6 +128,7 @@ def test_contiguous_run_counts_the_trailing_full_dims() -> None:
 
 
 BIG = (2048, 1024)  # float32: 8 MiB
+LARGE = (8192, 1024)  # float32: 32 MiB
 
 
 @pytest.mark.rule("CKPT-25")
@@ -156,6 +157,46 @@ def test_auto_reads_once_for_replicas_and_long_strided_reads_only() -> None:
     # an empty tensor replicated: nothing to read twice
     empty = Layout((0, 3), [Shard(Box((0, 0), (0, 3)), r) for r in (0, 1)])
     assert choose_reads([TensorReads("e", 4, (Box((0, 0), (0, 3)),), empty)]) == "own"
+
+
+@pytest.mark.rule("CKPT-25")
+def test_auto_on_local_storage_takes_the_cheaper_mode_and_own_on_a_tie() -> None:
+    # 32 MiB: a rank's part of a row chunk reaches the 1 MiB of the strided rule
+    rows4 = tuple(s.box for s in chunk_layout(LARGE, 0, [0, 1, 2, 3]).shards)
+    whole = Box((0, 0), LARGE)
+    cases = {
+        # each rank reads the whole 32 MiB span of its columns itself; once reads 16 MiB a
+        # rank and moves half of each rank's 16 MiB (8 MiB, at 6x a read): own is cheaper
+        "rows -> 2 column ranks": (chunk_layout(LARGE, 1, [0, 1]), "own", "once"),
+        # replicated on 4: own reads 32 MiB a rank, once moves 24 MiB to each
+        "replicated on 4": (Layout(LARGE, [Shard(whole, r) for r in range(4)]), "own", "once"),
+        # 8 column ranks of 512-byte runs: own reads 32 MiB a rank for the 4 MiB it wants,
+        # once reads 4 MiB a rank and moves 3.5 MiB to each (21 MiB at 6x): once is cheaper
+        "rows -> 8 column ranks": (chunk_layout(LARGE, 1, list(range(8))), "once", "once"),
+        # long runs of each rank's own: nothing is read twice, nothing to choose
+        "rows -> 2 row ranks": (chunk_layout(LARGE, 0, [0, 1]), "own", "own"),
+    }
+    for name, (dst, local, shared) in cases.items():
+        t = [TensorReads("w", 4, rows4, dst)]
+        world = len(set(dst.ranks))
+        own, once = load_reads.read_costs(t, world)
+        assert choose_reads(t, "local", world) == local, (name, own, once)
+        assert (once < own) == (local == "once"), (name, own, once)
+        assert choose_reads(t, "shared", world) == shared, name
+    # the costs' parts, counted by hand for the 8 column ranks (float32, 4 row chunks of
+    # 2048 x 1024): own's span of a rank's 128 columns in a chunk is 2047 rows and 128
+    # elements; once reads 32 MiB / 8 and moves 7/8 of each rank's 4 MiB
+    t = [TensorReads("w", 4, rows4, chunk_layout(LARGE, 1, list(range(8))))]
+    span = (2047 * 1024 + 128) * 4
+    assert load_reads.read_costs(t, 8) == (4 * span, (4 << 20) + 6 * ((4 << 20) * 7 // 8))
+    # a tie goes to own: moving is the riskier cost (the other ranks' network, memory)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(load_reads, "read_costs", lambda *_: (5, 5))
+        assert choose_reads(t, "local", 8) == "own"
+        mp.setattr(load_reads, "read_costs", lambda *_: (5, 4))
+        assert choose_reads(t, "local", 8) == "once"
+    with pytest.raises(ValueError, match="storage must be one of"):
+        choose_reads(t, "nfs", 8)
 
 
 @pytest.mark.rule("CKPT-25")

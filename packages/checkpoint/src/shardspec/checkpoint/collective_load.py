@@ -46,9 +46,10 @@ from shardspec.metadata import Box, Layout
 
 from .dcp_files import UnsupportedItem
 from .dcp_reader import WHOLE_ITEM_BYTES, CheckpointReadError
-from .load_exchange import BYTES_KEY, Target, exchange, replicated
-from .load_reads import Run, TensorReads, assign_reads, choose_reads
+from .load_exchange import BYTES_KEY, Target, exchange, replicated, whole_on_every_rank
+from .load_reads import STORAGE, Run, TensorReads, assign_reads, choose_reads
 from .load_submeshes import whole_layouts
+from .storage import resolve_storage
 
 if TYPE_CHECKING:
     import torch
@@ -64,7 +65,7 @@ _MSG = 480
 _DIGEST = 32
 # The metadata's first broadcast: its head (kind, length, failed) and the first bytes.
 _FIRST = 64 << 10
-_HEAD = 17
+_HEAD = 18  # kind, length, failed, and the storage kind rank 0 found (CKPT-25)
 # From this many ranks, rank 0 sends the metadata as columns (CKPT-23): the crossover in CPU.
 # Every rank parsing the file costs W parses; columns cost one parse and one encode on rank 0
 # (about a parse again) and a decode a rank (a third of a parse for 2,000 tensors of 4 chunks,
@@ -83,6 +84,7 @@ class LoadStats:
     """What :func:`load` did on this rank."""
 
     reads: str = ""  # the read mode used ("own" or "once")
+    storage: str = ""  # with reads="auto": the storage kind it chose by ("local", "shared")
     bytes_read: int = 0  # bytes this rank read from storage: metadata, headers and data
     data_bytes: int = 0  # of those, tensor data (the elements of the chunks it read)
     value_bytes: int = 0  # of those, the stored bytes of non-tensor values
@@ -101,6 +103,7 @@ def load(
     max_buffer_bytes: int | None = None,
     thread_count: int | None = None,
     trace_reads: bool = False,
+    storage: str | None = None,
 ) -> LoadStats:
     """Load the checkpoint at ``checkpoint_id`` into ``state_dict`` in place, as ``dcp.load``
     does (DTensors on any mesh, ShardedTensors, plain tensors, nested dicts and lists,
@@ -112,12 +115,20 @@ def load(
     same keys. ``reads``: ``"own"``, ``"once"`` or ``"auto"`` (module docstring; CKPT-25).
     ``max_buffer_bytes`` bounds the exchange's buffers with ``reads="once"``;
     ``thread_count`` the reading threads per rank; ``trace_reads`` records every byte range
-    read in ``LoadStats.ranges``. Unlike ``dcp.load``, a tensor whose dtype
-    differs from the saved one is an error, not a silent cast. Returns this rank's
-    :class:`LoadStats`; any failure raises the same :class:`LoadError` on every rank.
+    read in ``LoadStats.ranges``. ``storage``: ``"local"`` or ``"shared"`` (a network or
+    parallel file system), what ``reads="auto"`` chooses by; None: the environment variable
+    ``SHARDSPEC_STORAGE``, else the type of the file system that holds the checkpoint, as
+    group rank 0 sees it (:mod:`shardspec.checkpoint.storage`). Unlike ``dcp.load``, a
+    tensor whose dtype differs from the saved one is an error, not a silent cast. Returns this
+    rank's :class:`LoadStats`; any failure raises the same :class:`LoadError` on every rank.
     """
     if reads not in READS:
         raise ValueError(f"reads must be one of {READS}, got {reads!r}")
+    if storage not in (None, *STORAGE):
+        raise ValueError(f"storage must be one of {STORAGE} or None, got {storage!r}")
+    if reads == "auto":
+        # here, on every rank, not on rank 0 alone: a bad value must not fail one rank late
+        _check_storage_env()
     # Parsing the metadata and planning make ~10^5 small objects for a few thousand tensors;
     # with the collector on, each of its full passes walks every live object of the process
     # (the model, torch's modules): 0.6 s of a 0.65 s metadata phase for 2,000 tensors, 0.05
@@ -126,10 +137,18 @@ def load(
     gc.disable()
     try:
         return _load(state_dict, Path(os.fspath(checkpoint_id)), group, reads,
-                     max_buffer_bytes, thread_count, trace_reads)  # fmt: skip
+                     max_buffer_bytes, thread_count, trace_reads, storage)  # fmt: skip
     finally:
         if collecting:
             gc.enable()
+
+
+def _check_storage_env() -> None:
+    from .storage import ENV, KINDS
+
+    env = os.environ.get(ENV, "").strip().lower()
+    if env and env not in KINDS:
+        raise ValueError(f"{ENV} must be 'local' or 'shared', got {env!r}")
 
 
 def _load(
@@ -140,6 +159,7 @@ def _load(
     max_buffer_bytes: int | None,
     thread_count: int | None,
     trace_reads: bool,
+    storage: str | None,
 ) -> LoadStats:
     import torch
     import torch.distributed as dist
@@ -153,7 +173,10 @@ def _load(
     if str(dist.get_backend(group)) == "nccl":
         comm = torch.device("cuda", torch.cuda.current_device())
 
-    md, nread, hf = _shared_metadata(path, rank, group, comm, world >= COLUMNS_FROM_RANKS)
+    md, nread, hf, shared = _shared_metadata(
+        path, rank, group, comm, world >= COLUMNS_FROM_RANKS, storage if reads == "auto" else ""
+    )
+    stats.storage = "shared" if shared else "local" if reads == "auto" else ""
     stats.bytes_read += nread
     now = time.perf_counter()
     stats.seconds["metadata"], clock = now - clock, now
@@ -204,7 +227,7 @@ def _load(
                     for t in targets
                 ]
                 if mode == "auto":
-                    mode = choose_reads(plans)
+                    mode = choose_reads(plans, stats.storage, world)
                 if mode == "once":
                     runs = assign_reads([p for p in plans if p.dst.numel], world)
             digest = _digest(mode, max_buffer_bytes, targets, values)
@@ -269,11 +292,17 @@ def _load(
 
 
 def _shared_metadata(
-    path: Path, rank: int, group: dist.ProcessGroup | None, comm: torch.device, columns: bool
-) -> tuple[Metadata, int, bool]:
+    path: Path,
+    rank: int,
+    group: dist.ProcessGroup | None,
+    comm: torch.device,
+    columns: bool,
+    storage: str | None,
+) -> tuple[Metadata, int, bool, bool]:
     """The checkpoint's metadata, read by group rank 0 and broadcast (CKPT-23): as columns
     when ``columns`` and every entry is plain, else as the file's bytes; the bytes this rank
-    read; whether it is a safetensors checkpoint."""
+    read; whether it is a safetensors checkpoint; whether its storage is shared, as rank 0
+    resolves ``storage`` (``""``: not asked), so that every rank chooses alike (CKPT-25)."""
     import torch
     import torch.distributed as dist
 
@@ -281,9 +310,11 @@ def _shared_metadata(
     from .safetensors_files import is_safetensors, metadata_from_headers, read_headers
 
     where = path if path.name == METADATA_FILE else path / METADATA_FILE
-    kind, blob, failed, nread = 0, b"", False, 0
+    kind, blob, failed, nread, shared = 0, b"", False, 0, False
     if rank == 0:
         try:
+            if storage != "":
+                shared = resolve_storage(storage, path) == "shared"
             if is_safetensors(path):
                 kind, blob = 1, read_headers(path)
             else:
@@ -301,12 +332,12 @@ def _shared_metadata(
     first = torch.zeros(_FIRST, dtype=torch.uint8, device=comm)
     if rank == 0:
         head = kind.to_bytes(8, "little") + len(blob).to_bytes(8, "little")
-        part = head + bytes([failed]) + blob[: _FIRST - _HEAD]
+        part = head + bytes([failed, shared]) + blob[: _FIRST - _HEAD]
         first[: len(part)].copy_(torch.frombuffer(bytearray(part), dtype=torch.uint8))
     dist.broadcast(first, src, group=group)
     got = bytes(first.cpu().numpy().tobytes())
     kind, n = int.from_bytes(got[:8], "little"), int.from_bytes(got[8:16], "little")
-    failed = bool(got[16])
+    failed, shared = bool(got[16]), bool(got[17])
     raw = got[_HEAD : _HEAD + n]
     if n > _FIRST - _HEAD:
         rest = torch.empty(n - (_FIRST - _HEAD), dtype=torch.uint8, device=comm)
@@ -321,14 +352,14 @@ def _shared_metadata(
         )
     try:
         if kind == 1:
-            return metadata_from_headers(raw, path), nread, True
+            return metadata_from_headers(raw, path), nread, True, shared
         if kind == 2:
             from .dcp_columns import decode
 
-            return decode(raw, where), nread, False
+            return decode(raw, where), nread, False, shared
         from .dcp_metadata import metadata_from_bytes
 
-        return metadata_from_bytes(raw, where), nread, False
+        return metadata_from_bytes(raw, where), nread, False, shared
     except Exception as e:  # the same bytes fail the same way on every rank
         raise LoadError(
             f"load of {path}: {type(e).__name__}: {e}; no data was read (every rank raised this)"
@@ -748,16 +779,38 @@ def _read_once(
     small: list[Any] = []
     spanned: list[Any] = []  # their read items, should the reader have to read them
     entries = _SmallEntries(reader, targets)
+    whole = {t.key for t in targets if world > 1 and _read_in_place(t, world)}
     for run in runs:
         if run.reader != rank:
             continue
         t = by_key[run.key]
         chunk = t.saved.chunks[run.chunk]
         mine = held.setdefault(run.key, [])
-        out = torch.empty(run.box.sizes, dtype=t.saved.properties.dtype)
-        mine.append(out)
         index = MetadataIndex(run.key, chunk.offsets, run.chunk)
         start = tuple(o - c for o, c in zip(run.box.offsets, chunk.offsets))
+        # Where the run's bytes go. Never a new tensor where that can be helped: its pages are
+        # fresh anonymous memory the kernel zero-fills on first touch, which cost 5x the read
+        # (spec/09-checkpoint.md, "Measured": the read phase of once). A tensor every rank
+        # holds whole: straight into this rank's destination, which is then broadcast as it
+        # is (load_exchange). Any other large run: the page cache's own pages, mapped.
+        if run.key in whole:
+            out = t.outs[0][run.box.slices()]
+        else:
+            # (a small run is read whole with its neighbours, below: one pread for many)
+            m = None
+            if run.nbytes > WHOLE_ITEM_BYTES:
+                m = reader.map_rows(index, start, run.box.sizes)
+            if m is not None:
+                out, nread, ranges = m
+                mine.append(out)
+                stats.data_bytes += run.nbytes
+                stats.bytes_read += nread
+                stats.chunks += 1
+                if reader.trace_reads:
+                    stats.ranges += [(os.path.basename(f), a, b) for f, a, b in ranges]
+                continue
+            out = torch.empty(run.box.sizes, dtype=t.saved.properties.dtype)
+        mine.append(out)
         item = ReadItem(
             type=LoadItemType.TENSOR,
             dest_index=MetadataIndex(run.key, torch.Size(run.box.offsets), len(mine) - 1),
@@ -784,6 +837,24 @@ def _read_once(
             held[BYTES_KEY + fqn] = [torch.frombuffer(bytearray(raw), dtype=torch.uint8)]
             stats.value_bytes += len(raw)
     return held
+
+
+def _read_in_place(t: Target, world: int) -> bool:
+    """Whether ``reads="once"`` reads ``t``'s runs straight into this rank's destination:
+    every rank holds the tensor whole (its runs are then broadcast from where they were read,
+    ``load_exchange._broadcast_whole``) in a plain CPU tensor of the saved dtype."""
+    import torch
+
+    if len(t.outs) != 1 or not whole_on_every_rank(t.dst, world):
+        return False
+    out = t.outs[0]
+    return (
+        type(out) is torch.Tensor
+        and out.device.type == "cpu"
+        and out.dtype == t.saved.properties.dtype
+        and not out.is_conj()
+        and not out.is_neg()
+    )
 
 
 def _stored_bytes(reader: Any, fqn: str, stats: LoadStats) -> bytes:

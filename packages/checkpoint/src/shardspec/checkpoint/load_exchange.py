@@ -25,7 +25,15 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
-__all__ = ["BYTES_KEY", "STAGE_BYTES", "Target", "batches", "exchange", "replicated"]
+__all__ = [
+    "BYTES_KEY",
+    "STAGE_BYTES",
+    "Target",
+    "batches",
+    "exchange",
+    "replicated",
+    "whole_on_every_rank",
+]
 
 # The stored bytes of non-tensor values travel under these keys, which no fqn starts with.
 BYTES_KEY = "\0bytes:"
@@ -174,7 +182,7 @@ def _staged(
     return tmp
 
 
-def _whole_on_every_rank(dst: Layout, world: int) -> bool:
+def whole_on_every_rank(dst: Layout, world: int) -> bool:
     """Whether every rank of the group holds the whole tensor, once (a plain tensor, a
     replicated DTensor)."""
     if len(dst.shards) != world:
@@ -207,15 +215,20 @@ def _broadcast_whole(
     done: set[str] = set()
     with torch.no_grad():
         for t in targets:
-            if t.dst.numel == 0 or world == 1 or not _whole_on_every_rank(t.dst, world):
+            if t.dst.numel == 0 or world == 1 or not whole_on_every_rank(t.dst, world):
                 continue
             out = t.outs[0]
             wire = comm if comm.type != "cpu" else out.device
             mine = iter(held.pop(t.key, []))  # this rank's runs, in the runs' order
             for run in by_key.get(t.key, []):
                 view = out[run.box.slices()]
+                done_here = False  # the destination holds the run already (read in place)
                 if run.reader == rank:
-                    buf = next(mine).to(wire)
+                    got = next(mine)
+                    done_here = _same_memory(got, view)
+                    buf = got.to(wire)
+                    if not buf.is_contiguous():
+                        buf = buf.contiguous()
                 elif view.is_contiguous() and view.device == wire:
                     buf = view
                 else:
@@ -224,10 +237,20 @@ def _broadcast_whole(
                 # as bytes: gloo broadcasts no int16, bool, uint16... (a contiguous buffer's
                 # reshape is a view, so the bytes land in it)
                 dist.broadcast(buf.reshape(-1).view(torch.uint8), src, group=group)
-                if buf is not view:
+                if buf is not view and not done_here:
                     view.copy_(buf)
             done.add(t.key)
     return done
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are the same elements of the same memory."""
+    return (
+        a.device == b.device
+        and a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+    )
 
 
 def _value_sizes(

@@ -28,6 +28,8 @@ from shardspec.reshard.index import BoxIndex
 
 __all__ = [
     "MIN_RUN_BYTES",
+    "MOVE_COST",
+    "STORAGE",
     "STRIDED_MIN_BYTES",
     "STRIDED_RUN_BYTES",
     "Run",
@@ -35,6 +37,7 @@ __all__ = [
     "assign_reads",
     "choose_reads",
     "contiguous_run",
+    "read_costs",
     "row_runs",
 ]
 
@@ -43,6 +46,13 @@ __all__ = [
 # fault per run, where "once" reads whole chunks and moves the bytes at memory speed.
 STRIDED_RUN_BYTES = 64 * 1024
 STRIDED_MIN_BYTES = 1024 * 1024
+# The storage kinds reads="auto" tells apart (CKPT-25; shardspec.checkpoint.storage).
+STORAGE = ("local", "shared")
+# On local storage, what moving a byte to another rank costs against reading one: one
+# all_to_all_single of 512 MiB took 0.244 s on 2 gloo ranks where the job read 1 GiB of
+# page-cached files in 0.085 s (5.7x; spec/09-checkpoint.md, "Measured"). Measured on gloo
+# over loopback only; NCCL's ratio is not measured here.
+MOVE_COST = 6
 # A saved chunk is cut into row runs only down to this size: shorter reads cost more in calls
 # than a slightly uneven share of the reading.
 MIN_RUN_BYTES = 4 * 1024 * 1024
@@ -238,19 +248,129 @@ def _strided(chunks: tuple[Box, ...], dst: Layout, itemsize: int) -> bool:
     return False
 
 
-def choose_reads(tensors: Sequence[TensorReads]) -> str:
-    """What ``reads="auto"`` does (CKPT-25): ``"once"`` when some non-empty destination box is
-    held by more than one rank (``"own"`` would read its bytes once per holder), or when some
-    read of ``"own"`` would take at least :data:`STRIDED_MIN_BYTES` in contiguous runs shorter
-    than :data:`STRIDED_RUN_BYTES` of its saved chunk; else ``"own"``."""
+def _rereads(tensors: Sequence[TensorReads]) -> bool:
+    """Whether ``"own"`` would read some saved bytes more than once across the job: a
+    non-empty destination box held by more than one rank (read once per holder), or a read
+    of at least :data:`STRIDED_MIN_BYTES` in contiguous runs shorter than
+    :data:`STRIDED_RUN_BYTES` of its saved chunk (read by its whole span, which the ranks
+    holding the rest of that span read too)."""
     for t in tensors:
         if t.dst.numel == 0:
             continue
         if _replicated(t.dst):
-            return "once"
+            return True
         if t.dst.numel * t.itemsize >= STRIDED_MIN_BYTES and _strided_of(t):
-            return "once"
-    return "own"
+            return True
+    return False
+
+
+def read_costs(tensors: Sequence[TensorReads], world: int) -> tuple[int, int]:
+    """The cost of each mode on local storage, in bytes read by the slowest rank (a byte
+    moved between ranks counts :data:`MOVE_COST` bytes read): ``(own, once)``.
+
+    ``own``: the most any rank reads, its boxes' bytes, or for a part of a saved chunk in
+    contiguous runs shorter than :data:`STRIDED_RUN_BYTES`, the span of the chunk's storage
+    from the part's first element to its last (the reader reads the pages between).
+    ``once``: the needed bytes (each distinct non-empty destination box's) over ``world``, plus
+    the most any rank receives: the bytes of its boxes that another rank read, counted as
+    ``(world - 1) / world`` of them (the runs are spread evenly over the ranks)."""
+    w = max(world, 1)
+    own = [0] * w
+    got = [0] * w
+    needed = 0
+    for t in tensors:
+        if t.dst.numel == 0:
+            continue
+        per = _bytes_per_rank(t.dst, t.itemsize, w)
+        distinct = _distinct_bytes(t.dst, t.itemsize)
+        needed += distinct
+        extra = [0] * w
+        if t.dst.numel * t.itemsize >= STRIDED_MIN_BYTES and len(t.dst) < _ARRAYS_FROM:
+            extra = _span_excess(t, w)
+        for r in range(w):
+            own[r] += per[r] + extra[r]
+            got[r] += per[r] * (w - 1) // w
+    return max(own), math.ceil(needed / w) + MOVE_COST * max(got)
+
+
+def _bytes_per_rank(dst: Layout, itemsize: int, world: int) -> list[int]:
+    out = [0] * world
+    if len(dst) >= _ARRAYS_FROM and dst.ndim:
+        import numpy as np
+
+        _, sizes = dst.box_arrays()
+        sums = np.bincount(dst.rank_array(), weights=sizes.prod(axis=1), minlength=world)
+        return [int(x) * itemsize for x in sums[:world]]
+    for sh in dst.shards:
+        if sh.rank < world:
+            out[sh.rank] += sh.box.numel * itemsize
+    return out
+
+
+def _distinct_bytes(dst: Layout, itemsize: int) -> int:
+    if len(dst) >= _ARRAYS_FROM and dst.ndim:
+        import numpy as np
+
+        offs, sizes = dst.box_arrays()
+        rows = _sorted_rows(np.concatenate([offs, sizes], axis=1))
+        if len(rows) > 1:
+            rows = rows[np.concatenate([[True], (rows[1:] != rows[:-1]).any(axis=1)])]
+        return int(rows[:, dst.ndim :].prod(axis=1).sum()) * itemsize
+    return sum(b.numel for b in {s.box for s in dst.shards}) * itemsize
+
+
+def _span_excess(t: TensorReads, world: int) -> list[int]:
+    """Per rank, the bytes ``"own"`` reads beyond its boxes': the gaps inside the span of each
+    part it reads in short runs (of a large tensor's few boxes; a layout of many boxes is
+    counted by its boxes' bytes alone)."""
+    out = [0] * world
+    if len(t.boxes) >= _ARRAYS_FROM:
+        return out
+    for sh in t.dst.shards:
+        if sh.box.is_empty or sh.rank >= world:
+            continue
+        for c in t.boxes:
+            part = c.intersect(sh.box)
+            if part is None or part.is_empty:
+                continue
+            if contiguous_run(c, part) * t.itemsize >= STRIDED_RUN_BYTES:
+                continue
+            first = sum((p - o) * st for p, o, st in zip(part.offsets, c.offsets, _strides(c)))
+            last = first + sum((n - 1) * st for n, st in zip(part.sizes, _strides(c)))
+            out[sh.rank] += (last - first + 1 - part.numel) * t.itemsize
+    return out
+
+
+def _strides(c: Box) -> list[int]:
+    strides = [1] * c.ndim
+    for d in range(c.ndim - 2, -1, -1):
+        strides[d] = strides[d + 1] * c.sizes[d + 1]
+    return strides
+
+
+def choose_reads(
+    tensors: Sequence[TensorReads], storage: str = "shared", world: int | None = None
+) -> str:
+    """What ``reads="auto"`` does (CKPT-25). Nothing to choose unless ``"own"`` would read some
+    saved bytes more than once across the job (:func:`_rereads`: replicas, long strided
+    reads): else ``"own"``, which reads each needed byte once and moves none. When it would:
+
+    * ``storage="shared"`` (a network or parallel file system, whose bandwidth the whole job
+      shares): ``"once"``, which reads each needed byte once;
+    * ``storage="local"`` (each node reads its own disk or page cache): the cheaper of the two
+      by :func:`read_costs` on ``world`` ranks (default: the destinations' ranks), ``"own"``
+      on a tie: moving a byte costs more than reading one there (:data:`MOVE_COST`).
+    """
+    if storage not in STORAGE:
+        raise ValueError(f"storage must be one of {STORAGE}, got {storage!r}")
+    if not _rereads(tensors):
+        return "own"
+    if storage == "shared":
+        return "once"
+    if world is None:
+        world = 1 + max((max(t.dst.ranks, default=0) for t in tensors), default=0)
+    own, once = read_costs(tensors, world)
+    return "once" if once < own else "own"
 
 
 def assign_reads(tensors: Sequence[TensorReads], world: int) -> list[Run]:

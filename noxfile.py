@@ -7,6 +7,12 @@ other argument after `--` goes to pytest (or to the benchmark script, for `bench
 The sessions that take `--torch` share one virtualenv per release, `.nox/torch-<release>`
 (`.nox/torch-<release>-torchrec-<release>` with TorchRec), kept between runs: the CUDA builds
 of torch 2.14 and 2.15 are gigabytes, so a release is installed once, not once per session.
+
+Virtualenvs are made and filled by uv where it is installed beside nox (`.ci/run` installs it):
+every venv after the first links torch, TorchRec and the peers' packages from uv's cache
+instead of unpacking them again. uv is given pip's own settings (its index, extra indexes,
+find-links, constraint files and certificate, from `pip config list` and PIP_*), so both
+resolve from the same places. Without uv the sessions use venv and pip, as before.
 """
 
 from __future__ import annotations
@@ -47,8 +53,63 @@ FBGEMM_FOR_TORCHREC = {"1.8.0": "1.8.0", "1.9.2": "1.9.0"}
 TORCHREC_DEPS = ("tensordict", "torchmetrics==1.0.3", "tqdm", "pyre-extensions")
 
 nox.options.sessions = ["tests", "conformance", "lint", "typecheck", "spec"]
-nox.options.default_venv_backend = "venv"
+nox.options.default_venv_backend = "uv|venv"  # uv where nox finds it, else venv and pip
 nox.options.reuse_existing_virtualenvs = False
+
+
+def find_uv() -> str | None:
+    """The uv that nox itself would use (on PATH, or installed beside nox), if any."""
+    from nox.virtualenv import find_uv as nox_find_uv
+
+    found, path, _ = nox_find_uv()
+    return path if found else None
+
+
+UV = find_uv()
+
+
+def pip_config(python: str) -> dict[str, str]:
+    """pip's settings as pip reads them, key -> value: its PIP_* variables over its
+    configuration files' ``install`` section over their ``global`` one."""
+    listing = subprocess.run(
+        [python, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+    ).stdout
+    rank = {"global": 0, "install": 1, ":env:": 2}
+    found: dict[str, tuple[int, str]] = {}
+    for line in listing.splitlines():
+        key, _, value = line.partition("=")
+        section, _, name = key.rpartition(".")
+        if section not in rank:
+            continue
+        if name not in found or rank[section] >= found[name][0]:
+            found[name] = (rank[section], value.strip().strip("'\""))
+    return {name: value for name, (_, value) in found.items()}
+
+
+def uv_settings(python: str) -> dict[str, str]:
+    """uv's environment for resolving from where pip resolves here (uv reads no pip.conf)."""
+    pip = pip_config(python)
+    env = {
+        # pip takes the best version across every index and find-links location; uv's default
+        # takes the first index that has the package, which would hide PyPI's newer releases
+        # behind a local mirror's older ones.
+        "UV_INDEX_STRATEGY": "unsafe-best-match",
+        "UV_PYTHON_DOWNLOADS": "never",  # the venvs use this machine's Python, as venv does
+    }
+    if "index-url" in pip:
+        env["UV_INDEX_URL"] = pip["index-url"]
+    if "extra-index-url" in pip:
+        env["UV_EXTRA_INDEX_URL"] = " ".join(pip["extra-index-url"].split())
+    if "find-links" in pip:
+        env["UV_FIND_LINKS"] = ",".join(pip["find-links"].split())
+    if "cert" in pip:
+        env["SSL_CERT_FILE"] = pip["cert"]
+    return env
+
+
+if UV is not None:
+    for _key, _value in uv_settings(sys.executable).items():
+        os.environ.setdefault(_key, _value)  # a UV_* variable the user set wins
 
 
 def packages() -> list[Path]:
@@ -94,15 +155,7 @@ def pip_constraint_files(python: str) -> list[str]:
     PIP_CONSTRAINT when set, else its configuration files."""
     if "PIP_CONSTRAINT" in os.environ:
         return os.environ["PIP_CONSTRAINT"].split()
-    listing = subprocess.run(
-        [python, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
-    ).stdout
-    files: list[str] = []
-    for line in listing.splitlines():
-        key, _, value = line.partition("=")
-        if key.split(".")[-1] == "constraint":
-            files += value.strip().strip("'\"").split()
-    return files
+    return pip_config(python).get("constraint", "").split()
 
 
 def refuses_torch(path: str, torch_version: str) -> str | None:
@@ -139,6 +192,7 @@ def pin_torch(session: nox.Session, python: str, torch_version: str, folder: Pat
         else:
             session.log(f"lifting pip's constraint {line!r} ({path}) for these installs")
     session.env["PIP_CONSTRAINT"] = " ".join([*kept, str(pin)])
+    session.env["UV_CONSTRAINT"] = session.env["PIP_CONSTRAINT"]  # the same files for uv
 
 
 class Stack:
@@ -163,7 +217,12 @@ class Stack:
 
     def create(self) -> None:
         session = self.session
-        if not Path(self.python).exists():
+        if not Path(self.python).exists() and UV is not None:
+            # --seed: pip too, which pin_torch asks for its constraints and which installs
+            # the one wheel uv will not (Megatron's, for its Requires-Python)
+            make = [UV, "venv", "--quiet", "--seed", "--python", sys.executable]
+            session.run(*make, str(self.location))
+        elif not Path(self.python).exists():
             session.run(sys.executable, "-m", "venv", str(self.location))
         else:
             session.log(f"reusing {self.location}")
@@ -171,8 +230,13 @@ class Stack:
         session.env["PATH"] = os.pathsep.join([str(self.bin), os.environ.get("PATH", "")])
         pin_torch(session, self.python, self.torch_version, self.location)
 
-    def install(self, *args: str) -> None:
-        self.session.run(self.python, "-m", "pip", "install", "--quiet", *args, silent=False)
+    def install(self, *args: str, pip: bool = False) -> None:
+        """``pip install args`` into this venv, by uv where there is one (unless ``pip``)."""
+        if UV is not None and not pip:
+            cmd = [UV, "pip", "install", "--quiet", "--python", self.python, *args]
+            self.session.run(*cmd, silent=False)
+        else:
+            self.session.run(self.python, "-m", "pip", "install", "--quiet", *args, silent=False)
 
     def check_torch(self) -> str:
         out = self.session.run(
@@ -494,7 +558,9 @@ def peers_megatron(session: nox.Session) -> None:
         stack.python, "-m", "pip", "download", "--quiet", f"megatron-core=={MEGATRON_RELEASE}",
         "--no-deps", "--ignore-requires-python", "-d", str(wheels),
     )  # fmt: skip
-    stack.install("--no-deps", "--ignore-requires-python", *map(str, wheels.glob("*.whl")))
+    # by pip: uv has no --ignore-requires-python for an install
+    wheel = [str(w) for w in wheels.glob("*.whl")]
+    stack.install("--no-deps", "--ignore-requires-python", *wheel, pip=True)
     stack.check_torch()
     # The committed Megatron checkpoint's writer, rerun with the real package; the package
     # tests read both (CKPT-21).
@@ -688,7 +754,7 @@ EXAMPLES = (
 )
 
 
-@nox.session(requires=["build"])
+@nox.session(requires=["build"], venv_backend="venv")  # pip: what a user runs
 def wheels(session: nox.Session) -> None:
     """What a user does, for every distribution: `pip install --find-links dist <dist>` beside
     a preinstalled torch, then import it and its siblings from site-packages and run the README

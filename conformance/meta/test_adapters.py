@@ -104,6 +104,31 @@ class OffByOneKnown(OffByOne):
     }
 
 
+class OffByOneKnownLogged(OffByOneKnown):
+    """The known defect, each call logged: the drawn examples run past the explicit one."""
+
+    def chunk_layout(self, shape, dim, ranks):
+        with open(os.environ["OUTSIDE_LOG"], "a") as fh:
+            fh.write(f"chunk ranks={len(ranks)}\\n")
+        return super().chunk_layout(shape, dim, ranks)
+
+
+class OffByOneKnownThenOther(OffByOneKnown):
+    """The known defect, which the explicit example (4,100 ranks) shows, and a second one
+    that only the drawn examples (fewer ranks) reach."""
+
+    def chunk_layout(self, shape, dim, ranks):
+        if len(ranks) < 4000:
+            raise RuntimeError("a second defect, behind the known one")
+        return super().chunk_layout(shape, dim, ranks)
+
+
+class KnownButFixed(Outside):
+    """Declares a defect it does not have."""
+
+    known_defects = OffByOneKnown.known_defects
+
+
 class NotAnAdapter:
     pass
 
@@ -210,6 +235,33 @@ def test_an_outside_adapter_runs_the_suite(outside: Path, tmp_path: Path) -> Non
     assert code == 0, out
     assert re.search(r"1 passed, 2 skipped", out), out  # the oracle's and the large ones
     assert "unsupported by chunks-only: the validation area (validation of a layout" in out, out
+
+
+@pytest.mark.rule("CONF-14")
+def test_a_known_defect_does_not_hide_the_drawn_examples(outside: Path, tmp_path: Path) -> None:
+    """The chunk rule's explicit example (4,100 ranks) meets the known defect; the drawn ones
+    still run against that adapter, and a second defect among them fails the test."""
+    logs = {name: tmp_path / f"{name}.log" for name in ("known", "other", "fixed")}
+    runs = {
+        "known": _start(outside, f"{MODULE}:OffByOneKnownLogged", CHUNK_RULE, logs["known"]),
+        "other": _start(outside, f"{MODULE}:OffByOneKnownThenOther", CHUNK_RULE, logs["other"]),
+        "fixed": _start(outside, f"{MODULE}:KnownButFixed", CHUNK_RULE, logs["fixed"]),
+    }
+    done = {name: _finish(proc) for name, proc in runs.items()}
+
+    code, out = done["known"]
+    assert code == 0 and re.search(r"1 xfailed", out), out
+    worlds = [int(n) for n in re.findall(r"^chunk ranks=(\d+)$", logs["known"].read_text(), re.M)]
+    assert worlds[0] == 4100, worlds  # the explicit example first, failing with the defect
+    assert len([w for w in worlds if w < 4100]) >= 3, worlds  # then every drawn one (3)
+
+    code, out = done["other"]
+    assert code == 1 and re.search(r"1 failed", out), out
+    assert "RuntimeError: a second defect, behind the known one" in out, out
+
+    code, out = done["fixed"]
+    assert code == 1 and re.search(r"1 failed", out), out
+    assert "XPASS(strict)" in out, out
 
 
 @pytest.mark.rule("CONF-15")

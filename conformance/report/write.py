@@ -74,6 +74,8 @@ class Case:
     message: str | None = None
     example: str | None = None
     unsupported_examples: dict[str, int] = field(default_factory=dict)
+    # how many examples of the property showed its known defect (every example runs, CONF-14)
+    known_examples: int = 0
     seconds: float = 0.0
 
 
@@ -187,6 +189,8 @@ class Collector:
             for key, value in item.user_properties:
                 if key == "unsupported":
                     case.unsupported_examples = value
+                elif key == "known_defect_examples":
+                    case.known_examples = value
         exc = call.excinfo.value if call.excinfo is not None else None
         if rep.skipped and not hasattr(rep, "wasxfail"):
             reason = str(rep.longrepr[2]) if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
@@ -232,6 +236,8 @@ def _area_tables(cases: list[Case]) -> list[str]:
         for c in cs:
             name = c.test.split("::", 1)[1]
             what = c.outcome + (" (known)" if c.known else "")
+            if c.known_examples:
+                what += f", in {c.known_examples} example(s)"
             if c.outcome in ("unsupported", "skipped") and c.reason:
                 what += f": {c.reason}"
             if c.unsupported_examples and c.outcome != "unsupported":

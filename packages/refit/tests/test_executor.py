@@ -3,9 +3,12 @@ rank's outputs are compared with the single-process reference bit for bit."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
-from refit_cases import Case, check, run_refit, run_twice
+from hypothesis import HealthCheck, given, settings, strategies as st
+from refit_cases import Case, check, geometric_cases, run_refit, run_twice
 
 from shardspec.metadata import Layout, chunk_layout
 from shardspec.refit import (
@@ -243,3 +246,14 @@ def test_a_second_refit_after_the_source_changes_delivers_the_new_values(pool: R
             assert same_bits(two["qkv"][k], second["qkv"][rank][k]), (
                 f"rank {rank}: the second refit left stale values"
             )
+
+
+@pytest.mark.rule("REFIT-14")
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(geometric_cases(), st.sampled_from([None, 16, 64]))
+def test_drawn_recipes_and_layouts_on_gloo_ranks_match_the_reference(
+    pool: RankPool, case: tuple[Any, ...], budget: int | None
+) -> None:
+    r, full, src, dst = case
+    c = Case("drawn", r, full, src, dst, budget)
+    check(c, run(pool, c), WORLD)

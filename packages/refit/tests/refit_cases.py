@@ -8,24 +8,30 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from hypothesis import strategies as st
 
 from shardspec.metadata import Layout
+from shardspec.metadata.strategies import valid_layouts
 from shardspec.refit import (
+    Pad,
     Recipe,
     RefitError,
-    reference,
+    Select,
+    Target,
+    Transpose,
+    concat,
+    recipe,
     recipe_from_data,
     recipe_to_data,
+    reference,
     refit,
     scale_layout,
+    stack,
 )
-from shardspec.reshard.reference import same_bits
-from shardspec.metadata.strategies import valid_layouts
-from shardspec.refit import Pad, Select, Target, Transpose, concat, recipe, stack
 from shardspec.refit.geometry import geometry
 from shardspec.refit.recipe import Expr
+from shardspec.reshard.reference import same_bits
 from shardspec.testing.tensors import random_tensor
-from hypothesis import strategies as st
 
 WORLD = 4
 
@@ -43,7 +49,10 @@ class Case:
 
     def shards(self) -> dict[str, dict[int, list[torch.Tensor]]]:
         return {
-            n: {r: [t[b.slices()].clone() for b in self.src[n].boxes_of(r)] for r in self.src[n].ranks}
+            n: {
+                r: [t[b.slices()].clone() for b in self.src[n].boxes_of(r)]
+                for r in self.src[n].ranks
+            }
             for n, t in self.full.items()
         }
 
@@ -91,13 +100,13 @@ def check(case: Case, answers: list[Any], world: int) -> None:
             have = results.get(n, [])
             assert len(have) == len(exp), f"[{case.name}] {n} rank {r}: {len(have)} tensors"
             for k, (a, b) in enumerate(zip(have, exp)):
-                assert same_bits(a, b), (
-                    f"[{case.name}] {n!r} rank {r} box #{k}: {a} should be {b}"
-                )
+                assert same_bits(a, b), f"[{case.name}] {n!r} rank {r} box #{k}: {a} should be {b}"
 
 
 @st.composite
-def geometric_cases(draw: st.DrawFn) -> tuple[Recipe, dict[str, torch.Tensor], dict[str, Layout], dict[str, Layout]]:
+def geometric_cases(
+    draw: st.DrawFn,
+) -> tuple[Recipe, dict[str, torch.Tensor], dict[str, Layout], dict[str, Layout]]:
     """A concat of 1-3 parts (packed or plain), maybe stacked with a second one, padded,
     transposed or sliced; drawn layouts on both sides, several boxes per rank included."""
     k = draw(st.integers(1, 4))
@@ -124,7 +133,9 @@ def geometric_cases(draw: st.DrawFn) -> tuple[Recipe, dict[str, torch.Tensor], d
                 nd -= 1
     r = recipe([Target("x", e)])
     shape = geometry(e, shapes, "x").shape
-    full = {n: random_tensor(s, torch.float32, draw(st.integers(0, 2**20))) for n, s in shapes.items()}
+    full = {
+        n: random_tensor(s, torch.float32, draw(st.integers(0, 2**20))) for n, s in shapes.items()
+    }
     src = {n: draw(valid_layouts(st.just(s), world=WORLD)) for n, s in shapes.items()}
     dst = {"x": draw(valid_layouts(st.just(shape), world=WORLD))}
     return r, full, src, dst
@@ -150,9 +161,7 @@ def run_refit(
     try:
         res = refit(r, state, src, dst, out=out, max_buffer_bytes=budget)
     except RefitError as e:
-        untouched = all(
-            same_bits(a, b) for n in out for a, b in zip(out[n], before[n])
-        )
+        untouched = all(same_bits(a, b) for n in out for a, b in zip(out[n], before[n]))
         return ("err", str(e), untouched)
     in_place = all(
         res[n][i].data_ptr() == p and out[n][i].data_ptr() == p

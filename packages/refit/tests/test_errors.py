@@ -23,7 +23,10 @@ def pool() -> RankPool:
 
 
 def base() -> Case:
-    full = {"q": random_tensor((4, 3), torch.float32, 1), "k": random_tensor((2, 3), torch.float32, 2)}
+    full = {
+        "q": random_tensor((4, 3), torch.float32, 1),
+        "k": random_tensor((2, 3), torch.float32, 2),
+    }
     r = recipe([Target("qk", concat(["q", "k"], 0))])
     src = {n: chunk_layout(t.shape, 0, [0, 1]) for n, t in full.items()}
     dst = {"qk": chunk_layout((6, 3), 0, [2, 3])}
@@ -87,7 +90,10 @@ def test_names_and_shapes_that_do_not_match_the_recipe_are_refused(
         "extra source": {"src": lambda r, a: {**a[2], "z": z}},
         "missing destination": {"dst": lambda r, a: {}, "out": lambda r, a: {}},
         "extra destination": {"dst": lambda r, a: {**a[3], "zz": z}},
-        "shape": {"dst": lambda r, a: {"qk": chunk_layout((7, 3), 0, [2, 3])}, "out": lambda r, a: {}},
+        "shape": {
+            "dst": lambda r, a: {"qk": chunk_layout((7, 3), 0, [2, 3])},
+            "out": lambda r, a: {},
+        },
     }[change]
     refused(pool, args(case, **edits), *words)
 

@@ -16,7 +16,6 @@ from shardspec.refit import (
     concat,
     packed_layout,
     pad,
-    quantize_fp8,
     recipe,
     recipe_to_data,
     rename,
@@ -78,7 +77,9 @@ def test_the_packed_layout_holds_each_ranks_chunk_of_each_part_in_part_order() -
 
 @pytest.mark.rule("REFIT-4", "REFIT-14")
 @pytest.mark.parametrize("tp", [[2, 3], [1, 2, 3]])
-def test_a_vocabulary_not_divisible_by_tp_is_padded_with_zeros(pool: RankPool, tp: list[int]) -> None:
+def test_a_vocabulary_not_divisible_by_tp_is_padded_with_zeros(
+    pool: RankPool, tp: list[int]
+) -> None:
     vocab, hidden = 11, 3
     full = {"emb": random_tensor((vocab, hidden), torch.bfloat16, 5)}
     r = recipe([Target("emb", pad("emb", 0, 12)), Target("head", pad("emb", 0, 12))])
@@ -126,7 +127,7 @@ def test_experts_stacked_and_split_by_expert_parallelism(pool: RankPool) -> None
         if t.name not in dst:
             from shardspec.refit.geometry import geometry
 
-            g = geometry(t.expr, {n: s for n, s in shapes.items()}, t.name)
+            g = geometry(t.expr, dict(shapes), t.name)
             dst[t.name] = Layout.replicated(g.shape, [2, 3])
     case = Case("moe ep=2", r, full, src, dst)
     want = case.expected()
@@ -146,17 +147,30 @@ def test_fp8_blocks_on_the_ranks_that_hold_them(pool: RankPool, ue8m0: bool) -> 
     w[4:8, 0:4] = 0
     from shardspec.refit import Cast, QuantizeFP8
 
-    r = recipe([Target("w", QuantizeFP8(Cast(concat(["a", "b"], 0, packed=False), "bfloat16"), (4, 4), ue8m0))])
+    r = recipe(
+        [
+            Target(
+                "w",
+                QuantizeFP8(Cast(concat(["a", "b"], 0, packed=False), "bfloat16"), (4, 4), ue8m0),
+            )
+        ]
+    )
     full = {"a": w[:5].clone(), "b": w[5:].clone()}
     src = {n: chunk_layout(t.shape, 1, [0, 1]) for n, t in full.items()}
-    dst = {"w": Layout.from_boxes((9, 7), [(b, r_) for b, r_ in _rows((9, 7), [(0, 4), (4, 9)], [2, 3])])}
+    dst = {
+        "w": Layout.from_boxes(
+            (9, 7), [(b, r_) for b, r_ in _rows((9, 7), [(0, 4), (4, 9)], [2, 3])]
+        )
+    }
     case = Case(f"fp8 ue8m0={ue8m0}", r, full, src, dst)
     want = case.expected()
     assert want["w_scale_inv"][3][0][0, 0].item() == 1.0  # the all-zero block
     check(case, run(pool, case), WORLD)
 
 
-def _rows(shape: tuple[int, int], bounds: list[tuple[int, int]], ranks: list[int]) -> list[tuple[object, int]]:
+def _rows(
+    shape: tuple[int, int], bounds: list[tuple[int, int]], ranks: list[int]
+) -> list[tuple[object, int]]:
     from shardspec.metadata import Box
 
     return [(Box((lo, 0), (hi - lo, shape[1])), r) for (lo, hi), r in zip(bounds, ranks)]
@@ -194,7 +208,11 @@ def test_the_dense_recipe_from_fsdp_to_tp_on_other_ranks(pool: RankPool, fp8: bo
         "model.embed_tokens.weight": chunk_layout((12, h), 0, tp),
         "lm_head.weight": chunk_layout((12, h), 0, tp),
     }
-    for n in ("model.norm.weight", f"{p}.input_layernorm.weight", f"{p}.post_attention_layernorm.weight"):
+    for n in (
+        "model.norm.weight",
+        f"{p}.input_layernorm.weight",
+        f"{p}.post_attention_layernorm.weight",
+    ):
         dst[n] = Layout.replicated((h,), tp)
     case = Case(f"dense fp8={fp8}", r, full, src, dst)
     check(case, run(pool, case), WORLD)
@@ -206,7 +224,9 @@ def test_the_dense_recipe_from_fsdp_to_tp_on_other_ranks(pool: RankPool, fp8: bo
     [([0, 1, 2, 3], [3, 2, 1, 0]), ([0, 1], [2, 3]), ([0], [1]), ([2], [2])],
     ids=["colocated", "disjoint", "idle-ranks", "one-rank-both"],
 )
-def test_colocated_disjoint_and_idle_ranks(pool: RankPool, train: list[int], serve: list[int]) -> None:
+def test_colocated_disjoint_and_idle_ranks(
+    pool: RankPool, train: list[int], serve: list[int]
+) -> None:
     """Ranks that hold neither side still call refit (the group spans everyone) and get no
     tensors; the budget forces several rounds."""
     full = {"x": random_tensor((5, 6), torch.float16, 1), "y": random_tensor((6,), torch.int64, 2)}
@@ -249,7 +269,9 @@ def test_a_second_refit_after_the_source_changes_delivers_the_new_values(pool: R
 
 
 @pytest.mark.rule("REFIT-14")
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(geometric_cases(), st.sampled_from([None, 16, 64]))
 def test_drawn_recipes_and_layouts_on_gloo_ranks_match_the_reference(
     pool: RankPool, case: tuple[Any, ...], budget: int | None

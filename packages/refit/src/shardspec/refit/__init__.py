@@ -18,7 +18,6 @@ from .errors import RefitError
 from .executor import refit
 from .layouts import packed_layout, scale_layout, split_local
 from .planner import RefitPlan, plan_refit
-from .serialize import recipe_from_data, recipe_to_data
 from .recipe import (
     Cast,
     Concat,
@@ -38,6 +37,7 @@ from .recipe import (
     stack,
     unstack,
 )
+from .serialize import recipe_from_data, recipe_to_data
 
 __all__ = [
     "Cast",
@@ -53,8 +53,8 @@ __all__ = [
     "Target",
     "Transpose",
     "concat",
-    "pad",
     "packed_layout",
+    "pad",
     "plan_refit",
     "quantize_fp8",
     "recipe",

@@ -27,7 +27,7 @@ from shardspec.reshard import ReshardError, reshard_state_dict
 
 from .errors import RefitError
 from .fp8 import quantize_blocks
-from .planner import Job, RefitPlan, TargetPlan, plan_refit
+from .planner import Job, RefitPlan, plan_refit
 from .recipe import Cast, Recipe
 
 if TYPE_CHECKING:
@@ -149,8 +149,7 @@ def _check_tensors(
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != b.sizes:
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise RefitError(
-                f"{what}: tensor #{i} on rank {rank} has shape {shape}, its box {b} needs "
-                f"{b.sizes}"
+                f"{what}: tensor #{i} on rank {rank} has shape {shape}, its box {b} needs {b.sizes}"
             )
 
 

@@ -130,8 +130,8 @@ def geometry(e: Expr, shapes: Mapping[str, tuple[int, ...]], name: str) -> Geome
             raise RefitError(
                 f"destination {name!r}: Select index {e.index} of dim {d} of shape {g.shape}"
             )
-        parts = [_select(p, d, e.index) for p in g.parts]
-        return Geometry(g.shape[:d] + g.shape[d + 1 :], tuple(p for p in parts if p is not None))
+        kept = [_select(p, d, e.index) for p in g.parts]
+        return Geometry(g.shape[:d] + g.shape[d + 1 :], tuple(p for p in kept if p is not None))
     raise RefitError(f"destination {name!r}: {type(e).__name__} must be the outermost step")
 
 

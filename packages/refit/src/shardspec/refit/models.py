@@ -25,9 +25,7 @@ def _linear(name: str, e: Expr, fp8: bool, block: tuple[int, int], ue8m0: bool) 
     return Target(name, QuantizeFP8(e, block, ue8m0) if fp8 else e)
 
 
-def _attention(
-    p: str, bias: bool, fp8: bool, block: tuple[int, int], ue8m0: bool
-) -> list[Target]:
+def _attention(p: str, bias: bool, fp8: bool, block: tuple[int, int], ue8m0: bool) -> list[Target]:
     a = f"{p}.self_attn"
     out = [
         _linear(
@@ -86,7 +84,9 @@ def dense_to_vllm(
                 ue8m0,
             )
         )
-        targets.append(_linear(f"{m}.down_proj.weight", Source(f"{m}.down_proj.weight"), fp8, block, ue8m0))
+        targets.append(
+            _linear(f"{m}.down_proj.weight", Source(f"{m}.down_proj.weight"), fp8, block, ue8m0)
+        )
     targets += _ends(vocab, padded if padded is not None else padded_vocab(vocab), tied)
     return recipe(targets)
 
@@ -117,7 +117,9 @@ def moe_to_vllm(
         p = f"model.layers.{i}"
         targets += _attention(p, False, fp8, block, ue8m0)
         e = f"{p}.{moe}.experts"
-        w13 = stack([concat([f"{e}.{x}.{gate}.weight", f"{e}.{x}.{up}.weight"], 0) for x in range(experts)])
+        w13 = stack(
+            [concat([f"{e}.{x}.{gate}.weight", f"{e}.{x}.{up}.weight"], 0) for x in range(experts)]
+        )
         w2 = stack([Source(f"{e}.{x}.{down}.weight") for x in range(experts)])
         targets.append(_linear(f"{e}.w13_weight", w13, fp8, block, ue8m0))
         targets.append(_linear(f"{e}.w2_weight", w2, fp8, block, ue8m0))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Union
+from typing import TypeAlias
 
 from .errors import RefitError
 
@@ -110,7 +110,7 @@ class QuantizeFP8:
     scale_name: str | None = None
 
 
-Expr = Union[Source, Concat, Stack, Select, Pad, Transpose, Cast, QuantizeFP8]
+Expr: TypeAlias = Source | Concat | Stack | Select | Pad | Transpose | Cast | QuantizeFP8
 GEOMETRIC = (Source, Concat, Stack, Select, Pad, Transpose)
 
 

@@ -198,3 +198,30 @@ def run_twice(
     hit = plan_cache_info()["hits"] - hits
     same = ptrs == [t.data_ptr() for ts in two.values() for t in ts]
     return snap, {n: [t.clone() for t in ts] for n, ts in two.items()}, same, hit
+
+
+def run_engine(
+    rank: int,
+    world: int,
+    recipe_data: Any,
+    state: dict[str, list[torch.Tensor]],
+    src: dict[str, Layout],
+    dst: dict[str, Layout],
+    dim: int,
+) -> tuple[Any, ...]:
+    """Each serving rank holds one engine tensor per destination (its boxes end to end along
+    ``dim``, as vLLM's packed parameters); refit writes through ``split_local`` views. Returns
+    the engine tensors and whether their storage stayed put."""
+    from shardspec.refit import split_local
+
+    engines = {}
+    for n, layout in dst.items():
+        boxes = layout.boxes_of(rank)
+        if boxes:
+            shape = list(boxes[0].sizes)
+            shape[dim] = sum(b.sizes[dim] for b in boxes)
+            engines[n] = torch.full(shape, 7.0)
+    ptrs = {n: t.data_ptr() for n, t in engines.items()}
+    out = {n: split_local(t, dst[n], rank, dim) for n, t in engines.items()}
+    refit(recipe_from_data(recipe_data), state, src, dst, out=out)
+    return engines, all(t.data_ptr() == ptrs[n] for n, t in engines.items())

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
-from refit_cases import Case, check, geometric_cases, run_refit, run_twice
+from refit_cases import Case, check, geometric_cases, run_engine, run_refit, run_twice
 
 from shardspec.metadata import Layout, chunk_layout
 from shardspec.refit import (
@@ -60,6 +60,28 @@ def test_packed_gqa_qkv_under_tp_matches_the_reference(
     """TP 2 and 3 with uneven heads per rank; disjoint, overlapping and colocated sides."""
     case = gqa_case(tp, train)
     check(case, run(pool, case), WORLD)
+
+
+@pytest.mark.rule("REFIT-3", "REFIT-14")
+@pytest.mark.parametrize("tp", [[2, 3], [1, 2, 3]])
+def test_an_engines_packed_parameter_is_written_in_place(pool: RankPool, tp: list[int]) -> None:
+    """One qkv tensor per serving rank (its q, k and v chunks end to end, as vLLM holds it),
+    written through views: its storage stays, and it reads as the reference's boxes in order."""
+    case = gqa_case(tp, [0, 1])
+    answers = pool.call(
+        run_engine,
+        per_rank=[
+            (recipe_to_data(case.recipe), case.state(r), case.src, case.dst, 0)
+            for r in range(WORLD)
+        ],
+    )
+    want = case.expected()["qkv"]
+    for rank, (engines, in_place) in enumerate(answers):
+        assert in_place, f"rank {rank}: the engine's tensor moved"
+        if rank in want:
+            assert same_bits(engines["qkv"], torch.cat(want[rank])), f"rank {rank}"
+        else:
+            assert engines == {}
 
 
 @pytest.mark.rule("REFIT-2", "REFIT-3")

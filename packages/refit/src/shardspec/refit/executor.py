@@ -18,6 +18,7 @@ serving ranks, ranks that are both or neither), through ``reshard_state_dict``.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -97,7 +98,6 @@ def _check_local(
     rank: int,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """The dtypes of the sources and outputs this rank holds; raises on a bad tensor."""
-    import torch
 
     src_dtypes: dict[str, str] = {}
     for name, tensors in state.items():
@@ -116,7 +116,9 @@ def _check_local(
     out_dtypes: dict[str, str] = {}
     if out is not None:
         layouts = {tp.target.name: tp.dst for tp in plan.targets}
-        layouts |= {tp.target.scale_name: tp.scale for tp in plan.targets if tp.scale}  # type: ignore[misc]
+        for tp in plan.targets:
+            if tp.scale is not None and tp.target.scale_name is not None:
+                layouts[tp.target.scale_name] = tp.scale
         for name, tensors in out.items():
             if name not in layouts:
                 raise RefitError(f"destination {name!r} is not made by the recipe (in out)")
@@ -130,7 +132,6 @@ def _check_local(
         for step in tp.steps:
             if isinstance(step, Cast):
                 _dtype(step.dtype)
-    del torch
     return src_dtypes, out_dtypes
 
 
@@ -153,9 +154,30 @@ def _check_tensors(
             )
 
 
-def _verdict(
-    plan: RefitPlan | None, gathered: list[tuple[dict[str, str], str | None, Any, Any]]
-) -> tuple[dict[str, str], dict[str, str]]:
+def _gather_json(value: Any, group: dist.ProcessGroup | None) -> list[Any]:
+    """Every rank's ``value`` (JSON-able), as JSON bytes: what other ranks send is parsed,
+    never unpickled (``all_gather_object`` would)."""
+    import torch
+    import torch.distributed as dist
+
+    dev = torch.device("cpu")
+    if dist.get_backend(group) == "nccl":
+        dev = torch.device("cuda", torch.cuda.current_device())
+    data = json.dumps(value, sort_keys=True).encode()
+    world = dist.get_world_size(group)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64, device=dev), group=group)
+    longest = max(int(t.item()) for t in sizes)
+    mine = torch.zeros(longest, dtype=torch.uint8, device=dev)
+    mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
+    bufs = [torch.empty(longest, dtype=torch.uint8, device=dev) for _ in range(world)]
+    dist.all_gather(bufs, mine, group=group)
+    return [
+        json.loads(b[: int(n.item())].cpu().numpy().tobytes().decode()) for b, n in zip(bufs, sizes)
+    ]
+
+
+def _verdict(plan: RefitPlan | None, gathered: list[Any]) -> tuple[dict[str, str], dict[str, str]]:
     """The same verdict on every rank: the agreed dtype of every source and destination, or
     the same RefitError."""
     first = gathered[0][0]
@@ -243,8 +265,7 @@ def refit(
         error = str(e)
     except Exception as e:  # any local failure must reach the others, or they would hang
         error = f"{type(e).__name__}: {e}"
-    gathered: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, (digests, error, held, given), group=group)
+    gathered = _gather_json([digests, error, held, given], group)
     src_dtypes, dst_dtypes = _verdict(plan, gathered)
     assert plan is not None
 

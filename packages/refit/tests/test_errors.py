@@ -131,6 +131,17 @@ def test_ranks_that_disagree_on_a_layout_are_refused(pool: RankPool) -> None:
     )
 
 
+@pytest.mark.rule("REFIT-12")
+def test_ranks_that_disagree_on_the_recipe_are_refused(pool: RankPool) -> None:
+    case = base()
+    other = recipe_to_data(recipe([Target("qk", concat(["k", "q"], 0))]))
+    refused(
+        pool,
+        args(case, recipe=lambda r, a: other if r == 2 else a[0]),
+        "ranks disagree on the recipe",
+    )
+
+
 @pytest.mark.rule("REFIT-10", "REFIT-12")
 def test_a_shard_cutting_through_a_quantization_block_is_refused(pool: RankPool) -> None:
     """Rows 0-2 and 3-5 under blocks of 2 rows: block [2, 4) straddles ranks 2 and 3 (as vLLM

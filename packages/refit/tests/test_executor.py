@@ -16,6 +16,7 @@ from shardspec.refit import (
     concat,
     packed_layout,
     pad,
+    quantize_fp8,
     recipe,
     recipe_to_data,
     rename,
@@ -301,3 +302,47 @@ def test_drawn_recipes_and_layouts_on_gloo_ranks_match_the_reference(
     r, full, src, dst = case
     c = Case("drawn", r, full, src, dst, budget)
     check(c, run(pool, c), WORLD)
+
+
+def ep_tp_layout(
+    shape: tuple[int, ...], groups: list[list[int]], dim: int, parts: list[int]
+) -> Layout:
+    """Experts (dim 0) split over expert-parallel groups, each group's slice packed along
+    ``dim`` over its tensor-parallel ranks."""
+    from shardspec.metadata import Box, Shard, chunk_bounds
+
+    shards = []
+    for (lo, hi), ranks in zip(chunk_bounds(shape[0], len(groups)), groups):
+        inner = packed_layout((hi - lo, *shape[1:]), dim, parts, ranks)
+        for s in inner.shards:
+            offs = (lo + s.box.offsets[0], *s.box.offsets[1:])
+            shards.append(Shard(Box(offs, s.box.sizes), s.rank))
+    return Layout(shape, shards)
+
+
+@pytest.mark.rule("REFIT-5", "REFIT-7", "REFIT-13", "REFIT-14")
+@pytest.mark.parametrize("fp8", [False, True])
+def test_experts_under_ep_and_tp_colocated_with_fsdp(pool: RankPool, fp8: bool) -> None:
+    """4 experts (I = 4, H = 4) trained under FSDP on all 4 ranks, served EP 2 x TP 2 on the
+    same ranks: w13 packed (gate then up) along dim 1, w2 split along dim 2; FP8 blocks of
+    2x2 on each expert's slice."""
+    e, i, h = 4, 4, 4
+    gate = [f"experts.{x}.w1" for x in range(e)]
+    up = [f"experts.{x}.w3" for x in range(e)]
+    down = [f"experts.{x}.w2" for x in range(e)]
+    w13 = stack([concat([g, u], 0) for g, u in zip(gate, up)])
+    w2 = stack(down)
+    targets = [Target("w13_weight", w13), Target("w2_weight", w2)]
+    if fp8:
+        targets = [Target(t.name, quantize_fp8(t.expr, (2, 2))) for t in targets]
+    r = recipe(targets)
+    shapes = dict.fromkeys(gate + up, (i, h)) | dict.fromkeys(down, (h, i))
+    full = {n: random_tensor(s, torch.bfloat16, k) for k, (n, s) in enumerate(shapes.items())}
+    src = {n: chunk_layout(s, 0, [0, 1, 2, 3]) for n, s in shapes.items()}
+    groups = [[0, 1], [2, 3]]
+    dst = {
+        "w13_weight": ep_tp_layout((e, 2 * i, h), groups, 1, [i, i]),
+        "w2_weight": ep_tp_layout((e, h, i), groups, 2, [i]),
+    }
+    case = Case(f"ep x tp fp8={fp8}", r, full, src, dst)
+    check(case, run(pool, case), WORLD)

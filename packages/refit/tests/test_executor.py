@@ -346,3 +346,18 @@ def test_experts_under_ep_and_tp_colocated_with_fsdp(pool: RankPool, fp8: bool) 
     }
     case = Case(f"ep x tp fp8={fp8}", r, full, src, dst)
     check(case, run(pool, case), WORLD)
+
+
+@pytest.mark.rule("REFIT-4", "REFIT-14")
+def test_a_destination_of_padding_alone_takes_its_sources_dtype(pool: RankPool) -> None:
+    """Regression (found by the drawn plans): row 0 of an empty bf16 source padded to 16 rows
+    is all padding; it was made float32, the dtype of no source."""
+    from shardspec.refit import Pad, Select, Source
+
+    r = recipe([Target("x", Select(Pad(Source("s"), 0, 16), 0, 0))])
+    full = {"s": torch.zeros((0, 3), dtype=torch.bfloat16)}
+    src = {"s": chunk_layout((0, 3), 0, [0])}
+    dst = {"x": chunk_layout((3,), 0, [1, 2])}
+    case = Case("padding alone", r, full, src, dst)
+    assert case.expected()["x"][1][0].dtype == torch.bfloat16
+    check(case, run(pool, case), WORLD)

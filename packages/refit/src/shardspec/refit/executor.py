@@ -3,13 +3,15 @@ serving ranks, ranks that are both or neither), through ``reshard_state_dict``.
 
 1. Plan for this rank (cached by the recipe and the layouts' fingerprints) and check this
    rank's own tensors. Nothing raises yet.
-2. One ``all_gather_object`` of (digests of the recipe and layouts, this rank's verdict, the
-   dtypes of the tensors it holds): every rank then reaches the same verdict from the same
-   facts, so a problem anywhere is the same :class:`RefitError` everywhere, before any data
-   moves, with the destination tensors untouched (REFIT-12).
-3. Padding regions are zeroed; every part of every destination moves as one reshard job, all
-   of them sharing each round's ``all_to_all_single``. A destination with no value step is
-   received straight into the caller's tensors (views of them), so it is written in place.
+2. One exchange (two ``all_gather``s of JSON bytes, never unpickled) of the digests of the
+   recipe and layouts, this rank's verdict and the dtypes of the tensors it holds: every rank
+   then reaches the same verdict from the same facts, so a problem anywhere is the same
+   :class:`RefitError` everywhere, before any data moves, with the destination tensors
+   untouched (REFIT-12).
+3. Every part of every destination moves as one reshard job, all of them sharing each round's
+   ``all_to_all_single`` (whose own agreement comes first). A destination with no value step
+   is received straight into the caller's tensors (views of them), so it is written in place;
+   padding regions are zeroed after the move.
 4. A destination with value steps is received into scratch in the source dtype, box by box;
    each box (whole quantization blocks, REFIT-10) is cast and quantized on the rank that holds
    it and copied into the caller's tensors.
@@ -293,9 +295,6 @@ def refit(
             if tp.steps:
                 kind = _dtype(src_dtypes.get(tp.sources[0], "float32") if tp.sources else "float32")
                 scratch[name] = [torch.empty(b.sizes, dtype=kind, device=device) for b in tp.boxes]
-            base = scratch.get(name, results[name])
-            for j, region in tp.zeros:
-                base[j][region.relative_to(tp.boxes[j]).slices()].zero_()
 
         moving: dict[str, list[torch.Tensor]] = {}
         srcs: dict[str, Layout] = {}
@@ -331,6 +330,11 @@ def refit(
         except ReshardError as e:
             raise RefitError(str(e)) from e
 
+        # Padding after the move, not before: a refused move leaves the tensors untouched.
+        for tp in plan.targets:
+            base = scratch.get(tp.target.name, results[tp.target.name])
+            for j, region in tp.zeros:
+                base[j][region.relative_to(tp.boxes[j]).slices()].zero_()
         for tp in plan.targets:
             if not tp.steps:
                 continue

@@ -151,9 +151,8 @@ def plan_refit(
             job = _job(f"{t.name}\x00{i}", t.name, part, src[part.source], dst, rank)
             if job is not None:
                 jobs.append(job)
-        sources = tuple(p.source for p in g.parts if p.source is not None)
         targets.append(
-            TargetPlan(t, g.shape, dst, tuple(steps), sources, mine, tuple(zeros), scale)
+            TargetPlan(t, g.shape, dst, tuple(steps), t.sources(), mine, tuple(zeros), scale)
         )
     return RefitPlan(rank, tuple(targets), tuple(jobs))
 

@@ -121,6 +121,11 @@ class Target:
     name: str
     expr: Expr
 
+    def sources(self) -> tuple[str, ...]:
+        """The sources the expression names, in first-use order (a part selected or padded
+        away included: the destination's dtype is theirs)."""
+        return tuple(dict.fromkeys(_sources(self.expr)))
+
     @property
     def quantize(self) -> QuantizeFP8 | None:
         return self.expr if isinstance(self.expr, QuantizeFP8) else None
@@ -176,8 +181,11 @@ def _check_expr(e: Expr, name: str, top: bool) -> None:
     if isinstance(e, QuantizeFP8):
         if not top:
             raise RefitError(f"destination {name!r}: QuantizeFP8 must be the outermost step")
-        if len(e.block) != 2 or any(not isinstance(b, int) or b < 1 for b in e.block):
-            raise RefitError(f"destination {name!r}: block must be two positive ints: {e.block}")
+        ok = isinstance(e.block, tuple) and len(e.block) == 2
+        if not ok or any(not isinstance(b, int) or b < 1 for b in e.block):
+            raise RefitError(
+                f"destination {name!r}: block must be a tuple of two positive ints: {e.block}"
+            )
         _check_expr(e.part, name, top=isinstance(e.part, Cast))
     elif isinstance(e, Cast):
         if not top:

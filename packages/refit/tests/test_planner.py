@@ -216,3 +216,27 @@ def test_a_destination_of_the_wrong_shape_is_refused_naming_it() -> None:
     gap = Layout.from_boxes((5, 2), [(Box((0, 0), (4, 2)), 1)])
     with pytest.raises(RefitError, match="destination 'x'"):
         plan_refit(r, src, {"x": gap}, 0)
+
+
+@pytest.mark.rule("REFIT-2")
+def test_recipes_and_plans_need_no_torch() -> None:
+    """Planning is plain integers: importing the package, building a recipe and planning a
+    rank import no torch (a planner process or a launcher need not pay for it)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from shardspec.metadata import chunk_layout\n"
+        "from shardspec.refit import Target, concat, pad, plan_refit, recipe\n"
+        "from shardspec.refit.models import dense_to_vllm, moe_to_vllm\n"
+        "dense_to_vllm(2, 11, tied=True, fp8=True), moe_to_vllm(1, 11, 4)\n"
+        "r = recipe([Target('x', pad(concat(['a', 'b']), 0, 8))])\n"
+        "src = {n: chunk_layout((3, 2), 0, [0, 1]) for n in 'ab'}\n"
+        "p = plan_refit(r, src, {'x': chunk_layout((8, 2), 0, [2, 3])}, 3)\n"
+        "assert p.jobs and p.targets[0].zeros\n"
+        "assert 'torch' not in sys.modules\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.stdout.strip() == "ok", out.stderr

@@ -179,18 +179,35 @@ def _gather_json(value: Any, group: dist.ProcessGroup | None) -> list[Any]:
     ]
 
 
-def _verdict(plan: RefitPlan | None, gathered: list[Any]) -> tuple[dict[str, str], dict[str, str]]:
-    """The same verdict on every rank: the agreed dtype of every source and destination, or
-    the same RefitError."""
-    first = gathered[0][0]
-    for rank, (digests, _, _, _) in enumerate(gathered):
+def _compact(dtypes: Mapping[str, str], order: Sequence[str]) -> dict[str, list[int]]:
+    """``{dtype: [positions in order]}``: a model of one dtype costs a few bytes a tensor."""
+    index = {n: i for i, n in enumerate(order)}
+    out: dict[str, list[int]] = {}
+    for name, d in dtypes.items():
+        out.setdefault(d, []).append(index[name])
+    return out
+
+
+def _expand(compact: Mapping[str, list[int]], order: Sequence[str]) -> dict[str, str]:
+    return {order[i]: d for d, positions in compact.items() for i in positions}
+
+
+def _disagreement(details: list[dict[str, str]]) -> None:
+    first = details[0]
+    for rank, digests in enumerate(details):
         if digests != first:
             what = sorted(set(first.items()) ^ set(digests.items()))[0][0]
             raise RefitError(
                 f"ranks disagree on {what}: rank 0 and rank {rank} passed different ones"
             )
+    raise RefitError("ranks disagree on the recipe or the layouts")  # digests of equal JSON
+
+
+def _verdict(plan: RefitPlan | None, gathered: list[Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """The same verdict on every rank: the agreed dtype of every source and destination, or
+    the same RefitError."""
     errors: dict[str, list[int]] = {}
-    for rank, (_, error, _, _) in enumerate(gathered):
+    for rank, (error, _, _) in enumerate(gathered):
         if error is not None:
             errors.setdefault(error, []).append(rank)
     if errors:
@@ -199,7 +216,7 @@ def _verdict(plan: RefitPlan | None, gathered: list[Any]) -> tuple[dict[str, str
         raise RefitError(f"{msg} [on rank(s) {ranks}]{more}")
     assert plan is not None
     src: dict[str, str] = {}
-    for rank, (_, _, held, _) in enumerate(gathered):
+    for rank, (_, held, _) in enumerate(gathered):
         for name, d in sorted(held.items()):
             if src.setdefault(name, d) != d:
                 raise RefitError(
@@ -220,7 +237,7 @@ def _verdict(plan: RefitPlan | None, gathered: list[Any]) -> tuple[dict[str, str
         if tp.scale is not None:
             assert tp.target.scale_name is not None
             dst[tp.target.scale_name] = "float32"
-    for rank, (_, _, _, given) in enumerate(gathered):
+    for rank, (_, _, given) in enumerate(gathered):
         for name, d in sorted(given.items()):
             if dst[name] != d:
                 raise RefitError(
@@ -267,8 +284,18 @@ def refit(
         error = str(e)
     except Exception as e:  # any local failure must reach the others, or they would hang
         error = f"{type(e).__name__}: {e}"
-    gathered = _gather_json([digests, error, held, given], group)
-    src_dtypes, dst_dtypes = _verdict(plan, gathered)
+    # One short digest a rank, not one per tensor: the exchange stays small however many
+    # tensors and ranks there are; the details travel only when the digests differ.
+    digest = hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()[:32]
+    src_order = sorted(src_layouts) if isinstance(src_layouts, Mapping) else []
+    out_order = sorted(recipe.outputs()) if isinstance(recipe, Recipe) else []
+    gathered = _gather_json(
+        [digest, error, _compact(held, src_order), _compact(given, out_order)], group
+    )
+    if any(g[0] != digest for g in gathered):
+        _disagreement(_gather_json(digests, group))
+    expanded = [(g[1], _expand(g[2], src_order), _expand(g[3], out_order)) for g in gathered]
+    src_dtypes, dst_dtypes = _verdict(plan, expanded)
     assert plan is not None
 
     device = _device(state, out)

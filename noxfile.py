@@ -33,9 +33,9 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 ROOT = Path(__file__).parent
-# Dependency order: metadata <- {testing, reshard <- {checkpoint, fsdp, torchrec}}; testing (the
-# rank runtime) depends on metadata only, and the other packages' tests use it.
-PACKAGE_ORDER = ("metadata", "testing", "reshard", "checkpoint", "fsdp", "torchrec")
+# Dependency order: metadata <- {testing, reshard <- {checkpoint, fsdp, torchrec, refit}}; testing
+# (the rank runtime) depends on metadata only, and the other packages' tests use it.
+PACKAGE_ORDER = ("metadata", "testing", "reshard", "checkpoint", "fsdp", "torchrec", "refit")
 DEFAULT_TORCH = "2.13.0"
 TEST_DEPS = ("pytest>=8", "hypothesis>=6.100", "pytest-timeout", "pytest-xdist")
 # `lint` checks the import contracts with it; conformance/meta holds them to made-up graphs.

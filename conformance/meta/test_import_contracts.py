@@ -44,6 +44,8 @@ TREE = [
     ("conformance.impls.ours", "shardspec.metadata"),
     ("shardspec.checkpoint.cli", "shardspec.reshard.planner"),
     ("conformance.ops.pool", "shardspec.checkpoint.cli"),
+    ("shardspec.refit.planner", "shardspec.reshard.planner"),
+    ("conformance.ops.pool", "shardspec.refit.planner"),
     # the suite's rooms
     ("conformance.report.write", "conformance.impls"),
     ("conformance.impls.ours", "conformance.interface.chunk"),
@@ -177,6 +179,16 @@ def test_a_tree_whose_arrows_point_one_way_keeps_every_contract() -> None:
             ("shardspec.fsdp.rules", "shardspec.checkpoint.cli"),
             {"layers"},
             id="fsdp-and-checkpoint-are-independent",
+        ),
+        pytest.param(
+            ("shardspec.refit.planner", "shardspec.checkpoint.cli"),
+            {"layers"},
+            id="refit-and-checkpoint-are-independent",
+        ),
+        pytest.param(
+            ("shardspec.reshard.planner", "shardspec.refit.planner"),
+            {"layers", "acyclic_siblings", "no_circles"},
+            id="reshard-imports-refit",
         ),
         pytest.param(
             ("shardspec.fsdp.rules", "shardspec.testing.pool"),

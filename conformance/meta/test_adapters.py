@@ -163,9 +163,15 @@ def outside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _start(
-    folder: Path, impl: str, k: str, log: Path, files: tuple[str, ...] = ("test_chunk.py",)
+    folder: Path,
+    impl: str,
+    k: str,
+    log: Path,
+    files: tuple[str, ...] = ("test_chunk.py",),
+    **extra: str,
 ) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHARDSPEC_", "HYPOTHESIS_"))}
+    env.update(extra)
     env.update(
         PYTHONPATH=os.pathsep.join(filter(None, [str(folder), env.get("PYTHONPATH", "")])),
         HYPOTHESIS_PROFILE="short",
@@ -239,13 +245,17 @@ def test_an_outside_adapter_runs_the_suite(outside: Path, tmp_path: Path) -> Non
 
 @pytest.mark.rule("CONF-14")
 def test_a_known_defect_does_not_hide_the_drawn_examples(outside: Path, tmp_path: Path) -> None:
-    """The chunk rule's explicit example (4,100 ranks) meets the known defect; the drawn ones
-    still run against that adapter, and a second defect among them fails the test."""
+    """With SHARDSPEC_DRAW_PAST_KNOWN=1: the chunk rule's explicit example (4,100 ranks) meets
+    the known defect; the drawn ones still run against that adapter, and a second defect among
+    them fails the test."""
     logs = {name: tmp_path / f"{name}.log" for name in ("known", "other", "fixed")}
+    on = {"SHARDSPEC_DRAW_PAST_KNOWN": "1"}
     runs = {
-        "known": _start(outside, f"{MODULE}:OffByOneKnownLogged", CHUNK_RULE, logs["known"]),
-        "other": _start(outside, f"{MODULE}:OffByOneKnownThenOther", CHUNK_RULE, logs["other"]),
-        "fixed": _start(outside, f"{MODULE}:KnownButFixed", CHUNK_RULE, logs["fixed"]),
+        "known": _start(outside, f"{MODULE}:OffByOneKnownLogged", CHUNK_RULE, logs["known"], **on),
+        "other": _start(
+            outside, f"{MODULE}:OffByOneKnownThenOther", CHUNK_RULE, logs["other"], **on
+        ),
+        "fixed": _start(outside, f"{MODULE}:KnownButFixed", CHUNK_RULE, logs["fixed"], **on),
     }
     done = {name: _finish(proc) for name, proc in runs.items()}
 

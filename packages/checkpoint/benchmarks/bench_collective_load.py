@@ -201,8 +201,11 @@ def _a2a_buffers(
     return send, recv, sends, recvs, moved
 
 
-# Simulated shared storage: one pipe of this many bytes a second for the whole job.
-SHARED_BANDWIDTH = (64 if QUICK else 1024) << 20
+# Simulated shared storage: one pipe of this many bytes a second for the whole job
+# (--shared-mib; rank processes read it from the environment). At 1 GiB/s, 2026-11-29 with
+# another engineer's tests beside it, once's broadcasts (3.6 s for 1 GiB on 4 gloo ranks)
+# cost more than own's 3 GiB of extra reads: once wins below about 3 GiB / its exchange.
+SHARED_BANDWIDTH = int(os.environ.get("SHARDSPEC_BENCH_SHARED_MIB", 64 if QUICK else 1024)) << 20
 
 
 class _Pipe:
@@ -863,8 +866,17 @@ def main() -> None:
         help=f"simulated world sizes of the scale case (default {','.join(map(str, SIM_WORLDS))})",
     )
     ap.add_argument("--dcp-upto", type=int, default=256, help="largest simulated W for dcp.load")
+    ap.add_argument(
+        "--shared-mib",
+        type=int,
+        default=None,
+        help="the shared case's pipe, MiB/s for the whole job (default 1024; quick 64)",
+    )
     args, _ = ap.parse_known_args()  # nox passes every benchmark the same arguments
     cases = set(args.cases.split(","))
+    if args.shared_mib is not None and os.environ.get("SHARDSPEC_BENCH_SHARED_MIB") is None:
+        os.environ["SHARDSPEC_BENCH_SHARED_MIB"] = str(args.shared_mib)  # the ranks inherit it
+        os.execv(sys.executable, [sys.executable, *sys.argv])
     if args.quick and not QUICK:
         os.environ["SHARDSPEC_BENCH_QUICK"] = "1"
         os.execv(sys.executable, [sys.executable, *sys.argv])

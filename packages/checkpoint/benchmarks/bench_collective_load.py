@@ -14,6 +14,15 @@ Cases, on local gloo ranks (a ``RankPool`` per world size, started once), built 
   saved from 4 ranks (DCP saves each replicated tensor once) and loaded ``Replicate`` on 4.
   ``reads="own"`` and ``dcp.load`` read it once per rank (4 GiB per job); ``reads="once"``
   reads it once per job.
+* ``shared``  the ``rep`` checkpoint on simulated shared storage: every byte a rank's load
+  reads from a data file (``os.pread``/``os.preadv``, and each private mapping of a file by
+  its length when it is made) first reserves ``n / B`` seconds of one pipe that every rank of
+  the job shares, ``B`` = ``SHARED_BANDWIDTH`` bytes a second in all: the next free time sits
+  in a file, taken under an ``fcntl`` lock; a read waits until its slot ends, then reads from
+  the page cache. ``.metadata`` reads are not charged (below 1 MiB). Timed: ``load-own``,
+  ``load-once`` and the floor (every file read once, through the pipe); untimed,
+  ``reads="auto"`` told ``storage="shared"`` and told ``"local"``, whose choices are printed
+  against the faster mode. ``own`` reads the model once a rank (4 GiB), ``once`` once a job.
 * ``pre``  checkpoints rewritten offline (``shardspec reshard``) into the target layout,
   loaded on their own world: ``big`` on 8 (rows) and on 2 (columns), ``many`` on 2.
 
@@ -192,7 +201,76 @@ def _a2a_buffers(
     return send, recv, sends, recvs, moved
 
 
-def load(rank: int, world: int, path: str, case: str, variant: str) -> dict[str, Any]:
+# Simulated shared storage: one pipe of this many bytes a second for the whole job
+# (--shared-mib; rank processes read it from the environment). At 1 GiB/s, 2026-11-29 with
+# another engineer's tests beside it, once's broadcasts (3.6 s for 1 GiB on 4 gloo ranks)
+# cost more than own's 3 GiB of extra reads: once wins below about 3 GiB / its exchange.
+SHARED_BANDWIDTH = int(os.environ.get("SHARDSPEC_BENCH_SHARED_MIB", 64 if QUICK else 1024)) << 20
+
+
+class _Pipe:
+    """Every rank's reads share ``bandwidth``: a read of n bytes takes the pipe's next free
+    slot of n / bandwidth seconds (the slot's end kept in ``path``, under an ``fcntl`` lock,
+    so the ranks' processes share it) and sleeps until that slot ends."""
+
+    def __init__(self, path: str, bandwidth: int) -> None:
+        self.path, self.bandwidth = path, bandwidth
+        self.pread, self.preadv, self.mmap = os.pread, os.preadv, __import__("mmap").mmap
+
+    def take(self, n: int) -> None:
+        import fcntl
+        import struct
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            raw = self.pread(fd, 8, 0)
+            now = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process here
+            start = max(now, struct.unpack("d", raw)[0] if len(raw) == 8 else 0.0)
+            end = start + n / self.bandwidth
+            os.pwrite(fd, struct.pack("d", end), 0)
+        finally:
+            os.close(fd)  # releases the lock
+        time.sleep(max(0.0, end - now))
+
+    def __enter__(self) -> _Pipe:
+        import mmap
+
+        pipe = self
+
+        def pread(fd: int, n: int, offset: int) -> bytes:
+            pipe.take(n)
+            return pipe.pread(fd, n, offset)
+
+        def preadv(fd: int, buffers: Any, offset: int, *a: Any) -> int:
+            pipe.take(sum(memoryview(b).nbytes for b in buffers))
+            return pipe.preadv(fd, buffers, offset, *a)
+
+        def mapped(fileno: int, length: int, *a: Any, **kw: Any) -> Any:
+            if fileno != -1:  # a file's bytes, every one read when the load touches it
+                pipe.take(length)
+            return pipe.mmap(fileno, length, *a, **kw)
+
+        os.pread, os.preadv, mmap.mmap = pread, preadv, mapped  # type: ignore[assignment,misc]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import mmap
+
+        os.pread, os.preadv, mmap.mmap = self.pread, self.preadv, self.mmap  # type: ignore[misc]
+
+
+def shared_load(
+    rank: int, world: int, path: str, pipe: str, variant: str, storage: str | None
+) -> dict[str, Any]:
+    """:func:`load` of the ``rep`` checkpoint with every data read through the shared pipe."""
+    with _Pipe(pipe, SHARED_BANDWIDTH):
+        return load(rank, world, path, "rep", variant, storage)
+
+
+def load(
+    rank: int, world: int, path: str, case: str, variant: str, storage: str | None = None
+) -> dict[str, Any]:
     """One load (or floor) of ``variant`` on this rank: seconds (barrier to barrier), peak RSS
     above the start, digest of the loaded local bytes, storage bytes read (-1: not counted),
     data bytes read, the load's phases and read mode, bytes sent to other ranks (a2a)."""
@@ -219,7 +297,7 @@ def load(rank: int, world: int, path: str, case: str, variant: str) -> dict[str,
     with _RssPeak() as rss:
         t0 = time.perf_counter()
         if variant.startswith("load-"):
-            stats = collective_load(sd, path, reads=variant[len("load-") :])
+            stats = collective_load(sd, path, reads=variant[len("load-") :], storage=storage)
         elif reader is not None:
             dcp.load(sd, storage_reader=reader, planner=LoadPlanner())
         elif variant == "default":
@@ -433,6 +511,59 @@ def measure_scale(tmp: Path, worlds: tuple[int, ...], dcp_upto: int) -> list[dic
 
 _LOAD, _SAVE = f"{Path(__file__).stem}:load", f"{Path(__file__).stem}:save"
 _NEEDED = f"{Path(__file__).stem}:needed"
+_SHARED = f"{Path(__file__).stem}:shared_load"
+SHARED_TIMED = ("load-own", "load-once", "floor")
+
+
+def measure_shared(pool: RankPool, path: str, pipe: str, repeat: int) -> dict[str, Any]:
+    """The ``shared`` case: own, once and the floor through the pipe, ``repeat`` times after
+    one untimed run each, the order rotating; then ``reads="auto"`` told each storage kind."""
+    for v in SHARED_TIMED:
+        pool.call(_SHARED, path, pipe, v, None)
+    runs: dict[str, list[list[dict[str, Any]]]] = {v: [] for v in SHARED_TIMED}
+    for i in range(repeat):
+        k = i % len(SHARED_TIMED)
+        for v in SHARED_TIMED[k:] + SHARED_TIMED[:k]:
+            runs[v].append(pool.call(_SHARED, path, pipe, v, None))
+    told = {s: pool.call(_SHARED, path, pipe, "load-auto", s) for s in ("shared", "local")}
+    for r in range(pool.world_size):
+        seen = {res[r]["digest"] for v in ("load-own", "load-once") for res in runs[v]}
+        if len(seen | {told[s][r]["digest"] for s in told}) != 1:
+            raise SystemExit(f"shared storage: rank {r} loaded different bytes")
+    out: dict[str, Any] = {}
+    for v in SHARED_TIMED:
+        last = runs[v][-1]
+        out[v] = {
+            "seconds": statistics.median(max(x["seconds"] for x in res) for res in runs[v]),
+            "job_bytes": sum(x["bytes"] for x in last),
+            "phases": {
+                p: statistics.median(max(x["phases"][p] for x in res) for res in runs[v])
+                for p in last[0]["phases"]
+            },
+        }
+    out["auto"] = {s: (told[s][0]["reads"], max(x["seconds"] for x in told[s])) for s in told}
+    return out
+
+
+def report_shared(name: str, r: dict[str, Any]) -> tuple[str, str]:
+    """Print the ``shared`` case; (the faster of own and once, what auto took told shared)."""
+    bw = SHARED_BANDWIDTH / 2**20
+    print(f"\n{name}: simulated shared storage, one pipe of {bw:g} MiB/s for the whole job")
+    print("(every data read of every rank waits for its slot); slowest rank, median")
+    for v in SHARED_TIMED:
+        ph = r[v]["phases"]
+        phases = " / ".join(
+            f"{ph.get(p, 0.0):.3f}" for p in ("metadata", "plan", "read", "exchange")
+        )
+        print(
+            f"  {v:<10} {r[v]['seconds']:.3f}s  storage bytes per job {_mib(r[v]['job_bytes'])}"
+            + (f"  phases m/p/r/x {phases}" if ph else "")
+        )
+    own, once = r["load-own"]["seconds"], r["load-once"]["seconds"]
+    faster = "own" if own <= once else "once"
+    for s, (mode, sec) in r["auto"].items():
+        print(f"  auto told storage={s!r}: took {mode} (one untimed-order run: {sec:.3f}s)")
+    return faster, r["auto"]["shared"][0]
 
 
 def measure(
@@ -725,8 +856,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small cases: a smoke run, not figures")
     ap.add_argument(
         "--cases",
-        default="many,cols,grid,big,rep,pre,scale",
-        help="comma-separated subset of many, cols, grid, big, rep, pre, scale (default: all)",
+        default="many,cols,grid,big,rep,shared,pre,scale",
+        help="comma-separated subset of many, cols, grid, big, rep, shared, pre, scale "
+        "(default: all)",
     )
     ap.add_argument(
         "--worlds",
@@ -734,8 +866,17 @@ def main() -> None:
         help=f"simulated world sizes of the scale case (default {','.join(map(str, SIM_WORLDS))})",
     )
     ap.add_argument("--dcp-upto", type=int, default=256, help="largest simulated W for dcp.load")
+    ap.add_argument(
+        "--shared-mib",
+        type=int,
+        default=None,
+        help="the shared case's pipe, MiB/s for the whole job (default 1024; quick 64)",
+    )
     args, _ = ap.parse_known_args()  # nox passes every benchmark the same arguments
     cases = set(args.cases.split(","))
+    if args.shared_mib is not None and os.environ.get("SHARDSPEC_BENCH_SHARED_MIB") is None:
+        os.environ["SHARDSPEC_BENCH_SHARED_MIB"] = str(args.shared_mib)  # the ranks inherit it
+        os.execv(sys.executable, [sys.executable, *sys.argv])
     if args.quick and not QUICK:
         os.environ["SHARDSPEC_BENCH_QUICK"] = "1"
         os.execv(sys.executable, [sys.executable, *sys.argv])
@@ -747,7 +888,8 @@ def main() -> None:
     big_repeat = args.repeat or (1 if QUICK else 9)
     rows: list[tuple[str, dict[str, Any]]] = []
     offline: list[tuple[str, float]] = []
-    worlds = {4} if cases & {"many", "cols", "grid", "big", "rep", "pre"} else set()
+    shared: tuple[str, dict[str, Any]] = ("", {})
+    worlds = {4} if cases & {"many", "cols", "grid", "big", "rep", "shared", "pre"} else set()
     worlds |= {2} if cases & {"many", "big", "pre"} else set()
     worlds |= {8} if cases & {"big", "pre"} else set()
     gib = _size(math.prod(BIG_SHAPE) * 4)
@@ -779,10 +921,18 @@ def main() -> None:
             if "big" in cases:
                 run(f"{gib} on 4 rows -> 2 cols", 2, big, "big", big_repeat)
                 run(f"{gib} on 4 rows -> 8 rows", 8, big, "big", big_repeat)
-            if "rep" in cases:
+            size = _size(REP_TENSORS * math.prod(REP_SHAPE) * 4)
+            if cases & {"rep", "shared"}:
                 pools[4].call(_SAVE, rep, "rep")
-                size = _size(REP_TENSORS * math.prod(REP_SHAPE) * 4)
+            if "rep" in cases:
                 run(f"{size} replicated on 4", 4, rep, "rep", repeat)
+            if "shared" in cases:
+                print(f"  {size} replicated on 4, shared storage ...", file=sys.stderr, flush=True)
+                shared = (
+                    f"{size} replicated on 4, shared",
+                    measure_shared(pools[4], rep, str(tmp / "pipe"), repeat),
+                )
+            if cases & {"rep", "shared"}:
                 shutil.rmtree(rep)  # its page cache goes before the pre cases
             if "pre" in cases:
                 for case, src, w in (
@@ -803,9 +953,14 @@ def main() -> None:
                 tmp, tuple(int(w) for w in args.worlds.split(",")), args.dcp_upto
             )
     report(rows, offline)
+    picks = report_shared(*shared) if "shared" in cases else None
     if "scale" in cases:
         scale = report_scale(scale_rows, args.dcp_upto)
     verdicts(rows, scale)
+    if picks is not None:
+        faster, took = picks
+        ok = "MET" if took == faster else "NOT MET"
+        print(f"  [{ok}] {shared[0]}: auto told shared took {took}; the faster here was {faster}")
 
 
 if __name__ == "__main__":

@@ -302,3 +302,44 @@ def test_state_dict_out(pool: RankPool) -> None:
         "rank 2",
         "missing: ['b']",
     )
+
+
+def _rows(shape: tuple[int, int], starts: list[int]) -> Layout:
+    """Rank r holds rows [starts[r], starts[r + 1]) of ``shape``."""
+    from shardspec.metadata import Box, Shard
+
+    ends = [*starts[1:], shape[0]]
+    return Layout(
+        shape,
+        [Shard(Box((a, 0), (b - a, shape[1])), r) for r, (a, b) in enumerate(zip(starts, ends))],
+    )
+
+
+@pytest.mark.rule("RESHARD-1", "RESHARD-6")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool, torch.complex64, torch.bfloat16])
+def test_sends_packed_into_the_local_pieces_place(pool: RankPool, dtype: torch.dtype) -> None:
+    # Rows shifted by 2: ranks 1-3 keep 6 of their 8 rows and send 2 to the rank before, so
+    # their 2 rows of sends fit where their 6 local rows go in the output; with non-contiguous
+    # inputs the sends must be packed, into that place (no new buffer), and the local rows
+    # copied in after the last round. The out tensors start out holding the previous call's
+    # values (or junk): a local row not copied in after, or a packed send left behind, shows.
+    shape = (32, 256)  # 2 rows: 512 bytes or more, so either budget below takes rounds
+    src, dst = _rows(shape, [0, 8, 16, 24]), _rows(shape, [0, 10, 18, 26])
+    outs = _outs(dst, dtype, True)
+    for seed, budget in ((13, None), (14, None), (15, 64), (16, 200)):
+        full = random_tensor(shape, dtype, seed)
+        ins = _inputs(src, full, contiguous=False)
+        kw = [{"out": outs[r], "max_buffer_bytes": budget} for r in range(WORLD)]
+        answers = pool.call(run_counted, per_rank=[(ins[r], src, dst, kw[r]) for r in range(WORLD)])
+        want = reference.reshard({r: ins[r] for r in range(WORLD)}, src, dst)
+        for r, (got, _, same) in enumerate(answers):
+            assert same
+            for a, b in zip(got, want[r]):
+                assert reference.same_bits(a, b), f"rank {r}, seed {seed}, budget {budget}"
+        # Rank 0 sends nothing; ranks 1 and 2 pack into their local rows' place, in every
+        # round. Rank 3 receives nothing: in one round it sends its local rows to itself
+        # through the collective instead, its output the receive buffer.
+        scratch = [a[1]["scratch"] for a in answers]
+        assert scratch == ([0, 1, 1, 1] if budget else [0, 1, 1, 0]), (seed, budget)
+        assert [a[1]["self"] for a in answers] == [0, 0, 0, 0 if budget else 1]
+        outs = [list(a[0]) for a in answers]  # the next call writes over these values

@@ -751,6 +751,7 @@ def sibling_closure(dist: str) -> list[str]:
 EXAMPLES = (
     ("shardspec.reshard", "reshard_dtensor.py"),
     ("shardspec.fsdp", "resume_on_another_mesh.py"),
+    ("shardspec.refit", "refit_train_to_serve.py"),
 )
 
 

@@ -7,6 +7,7 @@ OPS = (
     "conformance.ops.dtensor",
     "conformance.ops.convert",
     "conformance.ops.reshard",
+    "conformance.ops.refit",
     "conformance.ops.fsdp",
     "conformance.ops.checkpoint",
 )

@@ -6,9 +6,10 @@ part in (:mod:`conformance.interface`; :class:`Impl` takes every area), named
 ``SHARDSPEC_IMPL=mymod:MyImpl`` or ``pytest --impl mymod:MyImpl`` runs the suite against it,
 from any module importable by the driver and by the pool's ranks (they inherit the driver's
 ``sys.path``). The built-in adapters are names in :data:`BUILTINS` for the same form:
-``shardspec`` (ours), ``torch`` (upstream) and ``broken`` (test-only: ours with chunk offsets
-off by one on uneven dims, which the suite must catch), and the peers, each run in its own
-venv with its real package (``bytecheckpoint``: ``nox -s peers_bytecheckpoint``;
+``shardspec`` (ours), ``torch`` (upstream), ``broken`` (test-only: ours with chunk offsets
+off by one on uneven dims and a packed part shifted by a row in refit, which the suite must
+catch), ``naive-refit`` (the refit area only: the full-tensor baseline), and the peers, each
+run in its own venv with its real package (``bytecheckpoint``: ``nox -s peers_bytecheckpoint``;
 ``megatron``: ``nox -s peers_megatron``), each in its own folder, ``conformance/peers/<name>/``.
 ``get_impl(name)`` returns one.
 
@@ -55,6 +56,8 @@ BUILTINS: dict[str, str] = {
     "shardspec": "conformance.impls.ours:ShardspecImpl",
     "torch": "conformance.impls.upstream:TorchImpl",
     "broken": "conformance.impls.broken:BrokenImpl",
+    # the naive refit baseline (full tensors everywhere), in the refit area only
+    "naive-refit": "conformance.impls.naive_refit:NaiveRefitImpl",
     # The peers, each run in its own virtualenv with its real package (DESIGN.md section 4):
     "megatron": "conformance.peers.megatron.adapter:MegatronImpl",
     "bytecheckpoint": "conformance.peers.bytecheckpoint.adapter:ByteCheckpointImpl",

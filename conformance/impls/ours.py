@@ -352,6 +352,20 @@ class ShardspecImpl(Impl):
         return list(pool.run("reshard.checked", args, per_rank_tensors=inputs, example=example))
 
     # TorchRec (TORCHREC-*)
+    def refit(
+        self,
+        pool: Any,
+        recipe: Any,
+        rounds: list[dict[str, Any]],
+        src: dict[str, Layout],
+        dst: dict[str, Layout],
+        *,
+        example: str,
+    ) -> list[list[dict[str, list[Any]]]]:
+        from conformance.impls.refit_wire import run_refit
+
+        return run_refit(pool, "refit.shardspec", recipe, rounds, src, dst, example)
+
     def torchrec_layout(
         self,
         sharding_type: str,

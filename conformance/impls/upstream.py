@@ -250,6 +250,21 @@ class TorchImpl(Impl):
         )
 
     # TorchRec (TORCHREC-*): torchrec's plan helpers, torch's LocalShardsWrapper
+    def refit(
+        self,
+        pool: Any,
+        recipe: Any,
+        rounds: list[dict[str, Any]],
+        src: dict[str, Layout],
+        dst: dict[str, Layout],
+        *,
+        example: str,
+    ) -> list[list[dict[str, list[Any]]]]:
+        raise self.unsupported(
+            "refit: torch has no way to turn one job's weights into another's names and "
+            "layouts (packing, padding, stacking, FP8 blocks); its users write it by hand"
+        )
+
     def torchrec_layout(
         self,
         sharding_type: str,

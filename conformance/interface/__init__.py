@@ -28,6 +28,7 @@ from conformance.interface.collective_load import CollectiveLoad
 from conformance.interface.convert import Convert
 from conformance.interface.dtensor import DTensorArea
 from conformance.interface.fsdp import Fsdp
+from conformance.interface.refit import Refit
 from conformance.interface.reshard import Reshard
 from conformance.interface.serialize import Serialize
 from conformance.interface.specs import Specs
@@ -50,6 +51,7 @@ __all__ = [
     "Fsdp",
     "Impl",
     "KnownDefect",
+    "Refit",
     "Reshard",
     "Serialize",
     "Specs",
@@ -68,6 +70,7 @@ class Impl(
     Convert,
     Fsdp,
     Reshard,
+    Refit,
     Checkpoint,
     CheckpointFiles,
     CollectiveLoad,

@@ -40,3 +40,23 @@ def test_broken_chunk_offsets_are_caught_and_shrunk() -> None:
 @given(chunk_args())
 def test_ours_passes_the_same_check(args: Any) -> None:
     check_chunk_rule(get_impl("shardspec").chunk_layout, *args)
+
+
+@pytest.mark.rule("CONF-5")
+@pytest.mark.pool
+def test_broken_packed_part_in_refit_is_caught(pools: Any) -> None:
+    """The ``broken`` adapter reads the k part of a packed qkv one row late on one serving
+    rank; the refit test fails it with the suite's message, naming the rank, the tensor and
+    its k box (the second of the rank's three), and passes ours on the same case."""
+    from conformance.cases import case
+    from conformance.tests.test_refit import (
+        GQA_TP2,
+        test_every_serving_rank_holds_the_references_bytes,
+    )
+
+    prop = test_every_serving_rank_holds_the_references_bytes.hypothesis.inner_test
+    with case():
+        prop(get_impl("shardspec"), pools, GQA_TP2)
+    want = r"round0\.rank2\..*qkv_proj\.weight\[1\]\.flat\[\d+\]=.*, but should be .* \[refit\("
+    with pytest.raises(AssertionError, match=want):
+        prop(get_impl("broken"), pools, GQA_TP2)

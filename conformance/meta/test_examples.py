@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SUCCESS_LINE = {
     "reshard_dtensor.py": "Layout shape=",
     "resume_on_another_mesh.py": "parameters after the second step match the single-process run",
+    "refit_train_to_serve.py": "serving tensors equal the reference bit for bit",
 }
 
 

@@ -1,0 +1,39 @@
+"""The refit area: a training job's weights into a serving job's layout (REFIT-*:
+spec/10-refit.md).
+
+Its tests: ``conformance/tests/test_refit.py``. An adapter takes part by subclassing
+:class:`Refit` (with its other areas); a method it does not override answers
+:class:`~conformance.interface.Unsupported`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conformance.interface.base import Adapter
+from shardspec.metadata import Layout
+
+
+class Refit(Adapter):
+    """Refit from training layouts into serving layouts (REFIT-*: spec/10-refit.md)."""
+
+    area = "refit"
+
+    def refit(
+        self,
+        pool: Any,
+        recipe: Any,
+        rounds: list[dict[str, Any]],
+        src: dict[str, Layout],
+        dst: dict[str, Layout],
+        *,
+        example: str,
+    ) -> list[list[dict[str, list[Any]]]]:
+        """Refit ``recipe`` (a :class:`shardspec.refit.Recipe`) on the pool's ranks, once per
+        entry of ``rounds`` (full source tensors by name; from the second on, the same
+        sources with new values, as after a training step): each rank starts with its boxes
+        of every source in ``src`` (local order) and holds its boxes of every destination in
+        ``dst`` (FP8 scales in their weight's blocks, ``shardspec.refit.scale_layout``). Per
+        rank, per round, the destination tensors it holds by name (a rank that holds none of
+        a name leaves it out), one tensor per box in local order."""
+        raise self.unsupported("refit")

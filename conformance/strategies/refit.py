@@ -1,0 +1,202 @@
+"""Refit cases (spec/10-refit.md): small Llama-like dense and Mixtral-like MoE models under
+the built-in recipes (``shardspec.refit.models``), drawn training layouts (FSDP chunks, FSDP x
+TP, uneven cuts) and serving layouts (TP of packed parts, EP of stacked experts), on colocated,
+disjoint or overlapping sides with idle ranks, in float32, bfloat16 or FP8 blocks, refit once
+or twice with new values in between.
+
+Sizes are drawn so that TP rarely divides them: hidden sizes, head counts, vocabularies (the
+padded vocabulary is a drawn multiple, not TP's), intermediate sizes and expert counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from shardspec.metadata import Box, Layout, chunk_bounds, chunk_layout
+from shardspec.refit import packed_layout
+from shardspec.refit.geometry import geometry
+from shardspec.refit.models import dense_to_vllm, moe_to_vllm, padded_vocab
+from shardspec.testing.tensors import random_tensor
+
+__all__ = ["Model", "refit_case", "refit_cases"]
+
+PLACEMENTS = ("colocated", "disjoint", "overlapping")
+TRAINING = ("fsdp", "fsdp_tp", "uneven")
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model's sizes. FP8 cases keep every row count that a serving rank's box ends on a
+    multiple of the block's rows (``block[0]``): REFIT-10 refuses a box cutting a block."""
+
+    layers: int = 1
+    hidden: int = 3
+    head_dim: int = 2
+    kv_heads: int = 1
+    gqa: int = 2  # query heads per kv head
+    inter: int = 3
+    vocab: int = 5
+    pad_multiple: int = 4
+    tied: bool = False
+    experts: int = 0  # 0: dense
+    dtype: str = "float32"
+    block: tuple[int, int] | None = None  # FP8 blocks, or None
+
+    def recipe(self) -> Any:
+        padded = padded_vocab(self.vocab, self.pad_multiple)
+        fp8 = {"fp8": self.block is not None, "block": self.block or (128, 128)}
+        if self.experts:
+            return moe_to_vllm(self.layers, self.vocab, self.experts, padded, tied=self.tied,
+                               **fp8)  # fmt: skip
+        return dense_to_vllm(self.layers, self.vocab, padded, tied=self.tied, **fp8)
+
+    def source_shape(self, name: str) -> tuple[int, ...]:
+        h, q, kv = self.hidden, self.gqa * self.kv_heads * self.head_dim, self.kv_heads
+        if name.endswith("q_proj.weight"):
+            return (q, h)
+        if name.endswith(("k_proj.weight", "v_proj.weight")):
+            return (kv * self.head_dim, h)
+        if name.endswith("o_proj.weight"):
+            return (h, q)
+        if name.endswith("block_sparse_moe.gate.weight"):
+            return (self.experts, h)
+        if name.endswith(("gate_proj.weight", "up_proj.weight", ".w1.weight", ".w3.weight")):
+            return (self.inter, h)
+        if name.endswith(("down_proj.weight", ".w2.weight")):
+            return (h, self.inter)
+        if name.endswith(("embed_tokens.weight", "lm_head.weight")):
+            return (self.vocab, h)
+        return (h,)  # the norms
+
+    def describe(self) -> str:
+        kind = f"moe experts={self.experts}" if self.experts else "dense"
+        return (
+            f"{kind} layers={self.layers} hidden={self.hidden} heads={self.gqa * self.kv_heads}"
+            f"/{self.kv_heads}x{self.head_dim} inter={self.inter} vocab={self.vocab}->"
+            f"{padded_vocab(self.vocab, self.pad_multiple)} tied={self.tied} dtype={self.dtype}"
+            f" fp8_block={self.block}"
+        )
+
+
+def _training_layout(shape: tuple[int, ...], kind: str, ranks: list[int], cuts: Any) -> Layout:
+    """FSDP's dim-0 chunks; FSDP x TP (TP's chunks of dim 1 inside FSDP's of dim 0, on a
+    mesh of the training ranks); or uneven cuts of dim 0 (one range a rank, some empty)."""
+    if kind == "fsdp_tp" and len(shape) == 2 and len(ranks) > 1:
+        tp = 2 if len(ranks) % 2 == 0 else len(ranks)
+        fsdp = len(ranks) // tp
+        boxes = []
+        for i, (lo, hi) in enumerate(chunk_bounds(shape[0], fsdp)):
+            for j, (clo, chi) in enumerate(chunk_bounds(shape[1], tp)):
+                boxes.append((Box((lo, clo), (hi - lo, chi - clo)), ranks[i * tp + j]))
+        return Layout.from_boxes(shape, boxes)
+    if kind == "uneven":
+        n = shape[0]
+        stops = sorted(min(c, n) for c in cuts[: len(ranks) - 1]) + [n]
+        boxes, lo = [], 0
+        for r, hi in zip(ranks, stops):
+            offs = (lo,) + (0,) * (len(shape) - 1)
+            boxes.append((Box(offs, (hi - lo,) + tuple(shape[1:])), r))
+            lo = hi
+        return Layout.from_boxes(shape, boxes)
+    return chunk_layout(shape, 0, ranks)
+
+
+def _serving_layout(name: str, shape: tuple[int, ...], m: Model, ranks: list[int]) -> Layout:
+    """vLLM's: column-parallel packed parts (whole heads), row-parallel o/down projections
+    (rows instead under FP8, so no box cuts a block), the padded vocabulary split by rows,
+    experts split by EP, norms and the router replicated."""
+    unit = m.block[0] if m.block else 1
+    q, kv = m.gqa * m.kv_heads * m.head_dim, m.kv_heads * m.head_dim
+    if name.endswith("qkv_proj.weight"):
+        return packed_layout(shape, 0, [q, kv, kv], ranks, m.head_dim)
+    if name.endswith("gate_up_proj.weight"):
+        return packed_layout(shape, 0, [m.inter, m.inter], ranks, unit)
+    if name.endswith(("o_proj.weight", "down_proj.weight")):
+        if m.block:
+            return packed_layout(shape, 0, [shape[0]], ranks, unit)
+        return chunk_layout(shape, 1, ranks)
+    if name.endswith(("w13_weight", "w2_weight", "embed_tokens.weight", "lm_head.weight")):
+        return chunk_layout(shape, 0, ranks)
+    return Layout.replicated(shape, ranks)
+
+
+def refit_case(
+    m: Model,
+    world: int,
+    train: list[int],
+    serve: list[int],
+    training: str = "fsdp",
+    cuts: tuple[int, ...] = (),
+    seeds: tuple[int, ...] = (0,),
+    placement: str = "",
+) -> dict[str, Any]:
+    """The case the refit test runs: ``world``, ``recipe``, ``rounds`` (full sources, one dict
+    a refit), ``src`` and ``dst`` layouts and a description ``ex`` for failure messages."""
+    recipe = m.recipe()
+    shapes = {n: m.source_shape(n) for n in recipe.sources()}
+    dtype = getattr(torch, m.dtype)
+    rounds = [
+        {n: random_tensor(s, dtype, seed * 1000 + i) for i, (n, s) in enumerate(shapes.items())}
+        for seed in seeds
+    ]
+    src = {n: _training_layout(s, training, train, cuts) for n, s in shapes.items()}
+    dst = {}
+    for t in recipe.targets:
+        e = t.quantize.part if t.quantize is not None else t.expr  # geometry takes no value step
+        dst[t.name] = _serving_layout(t.name, geometry(e, dict(shapes), t.name).shape, m, serve)
+    ex = (
+        f"refit({m.describe()}, world={world}, {placement + ' ' if placement else ''}"
+        f"train={training}{train}, serve={serve}, rounds={len(seeds)})"
+    )
+    return {"world": world, "recipe": recipe, "rounds": rounds, "src": src, "dst": dst, "ex": ex}
+
+
+@st.composite
+def models(draw: st.DrawFn) -> Model:
+    kind = draw(st.sampled_from(["float32", "bfloat16", "fp8"]), label="dtype")
+    block = None
+    dtype = kind
+    if kind == "fp8":
+        block = (draw(st.integers(1, 2)), draw(st.integers(1, 3)))
+        dtype = draw(st.sampled_from(["float32", "bfloat16"]))
+    unit = block[0] if block else 1
+    return Model(
+        layers=draw(st.integers(1, 3)),
+        hidden=unit * draw(st.integers(1, 7)),
+        head_dim=unit * draw(st.integers(1, 3 // unit)),
+        kv_heads=draw(st.integers(1, 3)),
+        gqa=draw(st.integers(1, 8)),
+        inter=unit * draw(st.integers(1, 5)),
+        vocab=draw(st.integers(1, 13)),
+        pad_multiple=draw(st.integers(1, 8)),
+        tied=draw(st.booleans()),
+        experts=draw(st.sampled_from([0, 0, 2, 3, 5, 8])),
+        dtype=dtype,
+        block=block,
+    )
+
+
+@st.composite
+def refit_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
+    m = draw(models())
+    world = draw(st.integers(1, max_world), label="world")
+    order = draw(st.permutations(range(world)))
+    placement = draw(st.sampled_from(PLACEMENTS if world > 1 else PLACEMENTS[:1]))
+    if placement == "colocated":
+        n = draw(st.integers(1, world))
+        train = serve = order[:n]  # the rest idle
+    elif placement == "disjoint":
+        nt = draw(st.integers(1, world - 1))
+        ns = draw(st.integers(1, world - nt))
+        train, serve = order[:nt], order[nt : nt + ns]
+    else:
+        train = order[: draw(st.integers(1, world))]
+        serve = order[draw(st.integers(0, world - 1)) :]
+    training = draw(st.sampled_from(TRAINING), label="training")
+    cuts = tuple(draw(st.lists(st.integers(0, 16), min_size=world, max_size=world)))
+    seeds = tuple(draw(st.lists(st.integers(0, 2**16), min_size=1, max_size=2, unique=True)))
+    return refit_case(m, world, list(train), list(serve), training, cuts, seeds, placement)

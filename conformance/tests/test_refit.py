@@ -1,0 +1,65 @@
+"""Refit (spec/10-refit.md): small Llama-like and Mixtral-like models through the built-in
+recipes, from drawn training layouts into drawn serving layouts on 1 to 4 ranks (colocated,
+disjoint, overlapping, idle ranks), in float32, bfloat16 and FP8 blocks, refit once or twice
+with new values; every destination rank's tensors against ``shardspec.refit.reference``, bit
+for bit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import example, given
+
+from conformance.assertions import assert_equal, assert_tensor_bitwise
+from conformance.cases import case
+from conformance.impls import Impl
+from conformance.strategies.refit import Model, refit_case, refit_cases
+from shardspec.refit import reference
+
+
+def _shards(full: dict[str, Any], src: dict[str, Any]) -> dict[str, dict[int, list[Any]]]:
+    return {
+        n: {r: [full[n][b.slices()].clone() for b in layout.boxes_of(r)] for r in layout.ranks}
+        for n, layout in src.items()
+    }
+
+
+# Llama-like, 2 kv heads of 2 rows, TP 2 on ranks 2 and 3 from FSDP on ranks 0 and 1: each
+# serving rank holds one kv head, so a k part read one row late shows on rank 2.
+GQA_TP2 = refit_case(Model(kv_heads=2, gqa=1), 4, [0, 1], [2, 3], placement="disjoint")
+# The same model, colocated, in FP8 blocks of 2x2 from bfloat16, refit twice.
+FP8_TWICE = refit_case(
+    Model(hidden=4, kv_heads=2, gqa=3, inter=4, dtype="bfloat16", block=(2, 2)),
+    4, [0, 1, 2, 3], [0, 1, 2, 3], "fsdp_tp", seeds=(1, 2), placement="colocated",
+)  # fmt: skip
+
+
+@pytest.mark.rule("REFIT-2", "REFIT-3", "REFIT-4", "REFIT-5", "REFIT-7", "REFIT-13", "REFIT-14",
+                  "REFIT-15")  # fmt: skip
+@pytest.mark.pool
+@given(refit_cases())
+@example(GQA_TP2)
+@example(FP8_TWICE)
+def test_every_serving_rank_holds_the_references_bytes(
+    impl: Impl, pools: Any, c: dict[str, Any]
+) -> None:
+    """Round after round (the sources changed in place in between, REFIT-15), each rank holds
+    exactly the names the reference gives it, each box bit for bit (REFIT-14)."""
+    ex, recipe, src, dst = c["ex"], c["recipe"], c["src"], c["dst"]
+    with case():
+        answers = impl.refit(pools(c["world"]), recipe, c["rounds"], src, dst, example=ex)
+        assert_equal("len(ranks)", len(answers), c["world"], ex)
+        for i, full in enumerate(c["rounds"]):
+            rule = "REFIT-15" if i else "REFIT-14"
+            want = reference.refit(recipe, _shards(full, src), src, dst)
+            for r, per_round in enumerate(answers):
+                assert_equal(f"rank{r}.len(rounds)", len(per_round), len(c["rounds"]), ex)
+                got = per_round[i]
+                names = sorted(n for n, by_rank in want.items() if r in by_rank)
+                assert_equal(f"round{i}.rank{r}.names", sorted(got), names, ex, rule)
+                for n in names:
+                    have, exp = got[n], want[n][r]
+                    assert_equal(f"round{i}.rank{r}.len({n})", len(have), len(exp), ex, rule)
+                    for k, (a, b) in enumerate(zip(have, exp)):
+                        assert_tensor_bitwise(f"round{i}.rank{r}.{n}[{k}]", a, b, ex, rule)

@@ -9,13 +9,18 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import example, given
+from hypothesis import example, given, settings
 
 from conformance.assertions import assert_equal, assert_tensor_bitwise
 from conformance.cases import case
 from conformance.impls import Impl
 from conformance.strategies.refit import Model, refit_case, refit_cases
 from shardspec.refit import reference
+
+# Each example is one or two refits of a whole model on up to 4 ranks: a third of the
+# profile's examples, never fewer than 20 (or than the profile's own when it asks for fewer).
+_N = settings().max_examples
+FEWER = settings(max_examples=max(min(_N, 20), _N // 3))
 
 
 def _shards(full: dict[str, Any], src: dict[str, Any]) -> dict[str, dict[int, list[Any]]]:
@@ -38,6 +43,7 @@ FP8_TWICE = refit_case(
 @pytest.mark.rule("REFIT-2", "REFIT-3", "REFIT-4", "REFIT-5", "REFIT-7", "REFIT-13", "REFIT-14",
                   "REFIT-15")  # fmt: skip
 @pytest.mark.pool
+@FEWER
 @given(refit_cases())
 @example(GQA_TP2)
 @example(FP8_TWICE)

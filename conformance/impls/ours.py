@@ -351,7 +351,7 @@ class ShardspecImpl(Impl):
         }
         return list(pool.run("reshard.checked", args, per_rank_tensors=inputs, example=example))
 
-    # TorchRec (TORCHREC-*)
+    # Refit (REFIT-*)
     def refit(
         self,
         pool: Any,
@@ -366,6 +366,7 @@ class ShardspecImpl(Impl):
 
         return run_refit(pool, "refit.shardspec", recipe, rounds, src, dst, example)
 
+    # TorchRec (TORCHREC-*)
     def torchrec_layout(
         self,
         sharding_type: str,

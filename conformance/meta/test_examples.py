@@ -11,6 +11,9 @@ import pytest
 from shardspec.testing import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
+# CI deselects these (`-m "not slow and not examples"`): `nox -s wheels` runs every example
+# there, from the installed wheels, which also shows that the wheels hold what they need.
+pytestmark = pytest.mark.examples
 # What each example prints once it has checked its own result; a new example says it here.
 SUCCESS_LINE = {
     "reshard_dtensor.py": "Layout shape=",

@@ -288,14 +288,20 @@ def run_pytest(stack: Stack, *args: str) -> None:
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """Unit and property tests of every package."""
-    stack = install_stack(session, IMPORT_LINTER)
-    _, rest = split_args(session)
     test_dirs = [str(p / "tests") for p in packages() if (p / "tests").is_dir()]
     if (ROOT / "conformance" / "meta").is_dir():
         test_dirs.append("conformance/meta")
+    run_tests(session, test_dirs)
+
+
+def run_tests(session: nox.Session, paths: list[str]) -> None:
+    """pytest on ``paths`` in the session's stack (with import-linter, which the contract tests
+    call), the session's own arguments after them."""
+    stack = install_stack(session, IMPORT_LINTER)
+    _, rest = split_args(session)
     # Tests marked slow (an 8-rank world, say) run in `nox -s slow`; a `-m` of your own wins.
     select = [] if "-m" in rest else ["-m", "not slow"]
-    run_pytest(stack, *test_dirs, *select, *rest)
+    run_pytest(stack, *paths, *select, *rest)
 
 
 # The tests whose outcome can change with torch's release: those that call upstream's
@@ -320,13 +326,10 @@ RELEASE_TESTS = (
 def tests_release(session: nox.Session) -> None:
     """The release-dependent tests only (RELEASE_TESTS): what CI runs on a second torch
     release (`nox -s tests_release -- --torch=2.15.0`), where all of `tests` took 19 min."""
-    stack = install_stack(session, IMPORT_LINTER)
-    _, rest = split_args(session)
     missing = [t for t in RELEASE_TESTS if not (ROOT / t).exists()]
     if missing:
         session.error(f"RELEASE_TESTS names what is not there: {missing}")
-    select = [] if "-m" in rest else ["-m", "not slow"]
-    run_pytest(stack, *RELEASE_TESTS, *select, *rest)
+    run_tests(session, list(RELEASE_TESTS))
 
 
 @nox.session(venv_backend="none")
@@ -809,12 +812,13 @@ def wheels(session: nox.Session) -> None:
         session.install("--find-links", str(ROOT / "dist"), dist)
         session.run("python", "-m", "pip", "check")
         modules = [n.replace("shardspec-", "shardspec.") for n in sibling_closure(dist)]
+        own = dist.replace("shardspec-", "shardspec.")
         with session.chdir(work):
             session.run("python", str(probe), str(ROOT), torch_version, *modules)
             if "shardspec.checkpoint" in modules:  # its console script is on PATH and starts
                 session.run("shardspec", "--help", silent=True)
             for module, example in EXAMPLES:
-                if module == modules[0]:
+                if module == own:
                     # A copy outside the source tree, run from there: nothing imports the
                     # checkout.
                     shutil.copy(ROOT / "examples" / example, work / example)

@@ -3,10 +3,13 @@ closeness."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from shardspec.refit import reference
 from shardspec.refit.fp8 import quantize_blocks, scale_shape
 
 
@@ -48,6 +51,46 @@ def test_ue8m0_scales_are_rounded_up_to_a_power_of_two() -> None:
     q, scale = quantize_blocks(x, (1, 2), ue8m0=True)
     assert scale.tolist() == [[4.0, 2.0, 1.0]]
     assert bits(q) == [[0x78, 0x77, 0x7E, 0x30, 0x00, 0x00]]
+
+
+@pytest.mark.rule("REFIT-8", "REFIT-9")
+@pytest.mark.parametrize("ue8m0", [False, True])
+@pytest.mark.parametrize("quantize", [quantize_blocks, reference.quantize], ids=["fast", "ref"])
+def test_a_nan_or_an_infinity_gives_positive_quiet_nans(quantize: object, ue8m0: bool) -> None:
+    """Blocks of 1x2. [1, -NaN]: amax NaN, scale NaN, both values NaN. [inf, 2]: scale inf
+    (kept under ue8m0), inf/inf NaN, 2/inf 0. [-inf, -3]: -inf/inf NaN, -3/inf -0. Every NaN
+    the positive quiet one: e4m3fn 0x7F, float32 0x7FC00000; x86 would make some negative."""
+    x = torch.tensor([[1.0, -float("nan")], [float("inf"), 2.0], [-float("inf"), -3.0]])
+    q, scale = quantize(x, (1, 2), ue8m0=ue8m0)  # type: ignore[operator]
+    assert bits(q) == [[0x7F, 0x7F], [0x7F, 0x00], [0x7F, 0x80]]
+    assert scale.view(torch.int32).view(-1).tolist() == [0x7FC00000, 0x7F800000, 0x7F800000]
+
+
+@pytest.mark.rule("REFIT-7", "REFIT-8", "REFIT-9")
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.integers(1, 7), min_size=2, max_size=3).map(tuple),
+    st.sampled_from([(1, 1), (2, 3), (4, 4), (3, 2)]),
+    st.integers(0, 2**31),
+    st.booleans(),
+    st.sampled_from(["float32", "bfloat16"]),
+)
+def test_the_fast_quantizer_equals_the_references_loop(
+    shape: tuple[int, ...], block: tuple[int, int], seed: int, ue8m0: bool, dtype: str
+) -> None:
+    """The vectorised quantizer (the executor's) against the reference's loop over blocks,
+    byte for byte: partial edge blocks, leading (expert) dims, all-zero blocks, a NaN or an
+    infinity in some examples."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * 100
+    x[x.abs() < 30] = 0
+    if seed % 3 == 0:
+        x.view(-1)[seed % x.numel()] = [math.nan, math.inf, -math.inf][seed % 9 // 3]
+    x = x.to(getattr(torch, dtype))
+    q, scale = quantize_blocks(x, block, ue8m0=ue8m0)
+    want_q, want_scale = reference.quantize(x, block, ue8m0=ue8m0)
+    assert bits(q.reshape(-1, q.shape[-1])) == bits(want_q.reshape(-1, q.shape[-1]))
+    assert torch.equal(scale.view(torch.int32), want_scale.view(torch.int32))
 
 
 @pytest.mark.rule("REFIT-7")

@@ -1,9 +1,12 @@
 """The single-process reference (REFIT-11): materialise every full source tensor, apply each
 recipe expression with plain torch operations, slice each destination rank's boxes. No plan,
-no geometry module: the simplest code that is obviously right, to judge the rest against."""
+no geometry module, no vectorised quantizer (its own loop over blocks instead of
+:func:`shardspec.refit.fp8.quantize_blocks`, so that a defect there cannot hide in both): the
+simplest code that is obviously right, to judge the rest against."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -11,13 +14,13 @@ from shardspec.metadata import Layout
 from shardspec.reshard import reference as reshard_reference
 
 from .errors import RefitError
-from .fp8 import quantize_blocks
+from .fp8 import FP8_MAX, scale_shape
 from .recipe import Cast, Concat, Expr, Pad, QuantizeFP8, Recipe, Select, Source, Stack, Transpose
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["full_outputs", "materialize", "refit", "slice_outputs"]
+__all__ = ["full_outputs", "materialize", "quantize", "refit", "slice_outputs"]
 
 
 def materialize(
@@ -33,13 +36,47 @@ def full_outputs(recipe: Recipe, full: Mapping[str, torch.Tensor]) -> dict[str, 
     for t in recipe.targets:
         e = t.expr
         if isinstance(e, QuantizeFP8):
-            q, scale = quantize_blocks(_apply(e.part, full), e.block, ue8m0=e.ue8m0)
+            q, scale = quantize(_apply(e.part, full), e.block, ue8m0=e.ue8m0)
             out[t.name] = q
             assert t.scale_name is not None
             out[t.scale_name] = scale
         else:
             out[t.name] = _apply(e, full)
     return out
+
+
+def quantize(
+    x: torch.Tensor, block: tuple[int, int], *, ue8m0: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REFIT-7..9 block by block: each block of the last two dims (anchored at element 0,
+    edge blocks partial) in float32, its scale ``max|x| / 448`` (1 for an all-zero block;
+    with ``ue8m0`` the least power of two at or above it, when finite), then ``x / scale``
+    clamped to +-448 and cast to float8_e4m3fn; a NaN, in either, the positive quiet one."""
+    import math
+
+    import torch
+
+    if x.dim() < 2:
+        raise RefitError(f"FP8 block quantization needs at least 2 dims, got shape {x.shape}")
+    xf = x.to(torch.float32)
+    *lead, n, k = xf.shape
+    bn, bk = block
+    q = torch.empty(xf.shape, dtype=torch.float8_e4m3fn)
+    scales = torch.empty(scale_shape(tuple(xf.shape), block), dtype=torch.float32)
+    for idx in itertools.product(*(range(d) for d in lead)):
+        for i in range(0, n, bn):
+            for j in range(0, k, bk):
+                part = xf[idx][i : i + bn, j : j + bk]
+                amax = part.abs().max()
+                s = torch.tensor(1.0) if amax.item() == 0 else amax / FP8_MAX
+                if ue8m0 and math.isfinite(s.item()):
+                    m, e = math.frexp(s.item())
+                    s = torch.tensor(s.item() if m == 0.5 else math.ldexp(1.0, e))
+                v = (part / s).clamp(-FP8_MAX, FP8_MAX)
+                v[v.isnan()] = math.nan  # the positive quiet NaN, whatever the hardware made
+                scales[idx][i // bn, j // bk] = math.nan if s.isnan() else s
+                q[idx][i : i + bn, j : j + bk] = v.to(q.dtype)
+    return q, scales
 
 
 def _apply(e: Expr, full: Mapping[str, torch.Tensor]) -> torch.Tensor:

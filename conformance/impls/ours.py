@@ -366,6 +366,25 @@ class ShardspecImpl(Impl):
 
         return run_refit(pool, "refit.shardspec", recipe, rounds, src, dst, example)
 
+    def refit_refused(
+        self,
+        pool: Any,
+        recipe: Any,
+        sources: dict[str, Any],
+        src: dict[str, Layout],
+        dst: dict[str, Layout],
+        *,
+        fault: dict[str, Any],
+        example: str,
+    ) -> list[dict[str, Any]]:
+        from conformance.codec import layout_to_json
+        from conformance.impls.refit_wire import wire
+
+        args, inputs = wire(pool, recipe, [sources], src, dst)
+        args["fault"] = {k: layout_to_json(v) if k == "layout" else v for k, v in fault.items()}
+        results = pool.run("refit.refused", args, per_rank_tensors=inputs, example=example)
+        return [r.value for r in results]
+
     # TorchRec (TORCHREC-*)
     def torchrec_layout(
         self,

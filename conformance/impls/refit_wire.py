@@ -35,16 +35,11 @@ def out_layouts(recipe: Any, dst: dict[str, Layout]) -> dict[str, Layout]:
     return layouts
 
 
-def run_refit(
-    pool: Any,
-    op: str,
-    recipe: Any,
-    rounds: list[dict[str, Any]],
-    src: dict[str, Layout],
+def wire(
+    pool: Any, recipe: Any, rounds: list[dict[str, Any]], src: dict[str, Layout],
     dst: dict[str, Layout],
-    example: str,
-) -> list[list[dict[str, list[Any]]]]:
-    """Run ``op`` on every rank; per rank, per round, its destination boxes by name."""
+) -> tuple[dict[str, Any], list[list[Any]]]:  # fmt: skip
+    """The rank operations' arguments and each rank's source boxes, round after round."""
     from conformance.codec import layout_to_json
     from shardspec.refit import recipe_to_data
 
@@ -69,6 +64,21 @@ def run_refit(
          for b in src[n].boxes_of(r)]
         for r in range(pool.world_size)
     ]  # fmt: skip
+    return args, inputs
+
+
+def run_refit(
+    pool: Any,
+    op: str,
+    recipe: Any,
+    rounds: list[dict[str, Any]],
+    src: dict[str, Layout],
+    dst: dict[str, Layout],
+    example: str,
+) -> list[list[dict[str, list[Any]]]]:
+    """Run ``op`` on every rank; per rank, per round, its destination boxes by name."""
+    args, inputs = wire(pool, recipe, rounds, src, dst)
+    outs = args["outs"]
     layouts = out_layouts(recipe, dst)
     answers = []
     for res in pool.run(op, args, per_rank_tensors=inputs, example=example):

@@ -37,3 +37,24 @@ class Refit(Adapter):
         rank, per round, the destination tensors it holds by name (a rank that holds none of
         a name leaves it out), one tensor per box in local order."""
         raise self.unsupported("refit")
+
+    def refit_refused(
+        self,
+        pool: Any,
+        recipe: Any,
+        sources: dict[str, Any],
+        src: dict[str, Layout],
+        dst: dict[str, Layout],
+        *,
+        fault: dict[str, Any],
+        example: str,
+    ) -> list[dict[str, Any]]:
+        """REFIT-6 and REFIT-12: the refit of ``recipe`` (full ``sources`` by name, each rank
+        its boxes of ``src``) into out= tensors of each rank's destination boxes filled with
+        the byte 0xA5, where rank ``fault["rank"]`` alone passes something wrong (``kind``):
+        ``shape``, its first box of source ``fault["name"]`` one row short (one row long
+        when empty); ``missing``, that source left out; ``layout``, destination
+        ``fault["name"]`` in the layout ``fault["layout"]`` instead; ``recipe``, its target
+        ``fault["name"]`` renamed. Per rank ``{"error": the message of the RefitError it
+        raised, or None, "untouched": whether its out= tensors hold only 0xA5}``."""
+        raise self.unsupported("refit's refusals before data moves")

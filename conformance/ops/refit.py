@@ -81,6 +81,7 @@ def _refit_shardspec(
     out = {n: v for n, v in out.items() if v}
     rounds = _rounds(ctx, args, ts)
     state = {n: [t.clone() for t in v] for n, v in rounds[0].items()}
+    where = {n: [t.data_ptr() for t in v] for n, v in out.items()}
     got: list[torch.Tensor] = []
     for i, given in enumerate(rounds):
         if i:
@@ -88,8 +89,74 @@ def _refit_shardspec(
                 for a, b in zip(v, given[n]):
                     a.copy_(b)
         res = refit(recipe, state, src, dst, ctx.group, out=out)
+        for n, ptrs in where.items():
+            # REFIT-14: into the caller's tensors themselves (engines capture their storage
+            # in CUDA graphs), never a copy handed back
+            if [t.data_ptr() for t in res.get(n, [])] != ptrs or [
+                t.data_ptr() for t in out[n]
+            ] != ptrs:
+                raise AssertionError(
+                    f"REFIT-14: rank {ctx.rank}, round {i}: {n!r} was not written in place "
+                    "(the returned tensors are not the out= tensors)"
+                )
         got += [t.clone() for t in _flat(ctx, args["outs"], res)]
     return None, got
+
+
+SENTINEL = 0xA5  # a byte no destination starts with: an error must leave it everywhere
+
+
+@operation("refit.refused", collective=True, check=_check)
+def _refit_refused(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
+    """``shardspec.refit.refit`` of the first round into out= tensors filled with
+    :data:`SENTINEL`, where rank ``args["fault"]["rank"]`` alone passes something wrong:
+    ``shape`` (its first box of source ``name`` one row short, or one row long when empty),
+    ``missing`` (source ``name`` left out), ``layout`` (destination ``name`` in ``layout``
+    instead) or ``recipe`` (target ``name`` renamed). The value: the RefitError's message
+    (None when refit returned) and whether the out= tensors still hold only the sentinel."""
+    from shardspec.refit import RefitError, Target, recipe as make_recipe, recipe_from_data, refit
+
+    recipe = recipe_from_data(args["recipe"])
+    src, dst = _layouts(args, "src"), _layouts(args, "dst")
+    state = {n: list(v) for n, v in _rounds(ctx, args, ts)[0].items()}
+    fault = args["fault"]
+    name = fault["name"]
+    if ctx.rank == fault["rank"]:
+        kind = fault["kind"]
+        if kind == "shape":
+            t = state[name][0]
+            if t.shape[0]:
+                state[name][0] = t[:-1].clone()
+            else:
+                state[name][0] = torch.zeros((1, *t.shape[1:]), dtype=t.dtype)
+        elif kind == "missing":
+            del state[name]
+        elif kind == "layout":
+            dst = {**dst, name: layout_from_json(fault["layout"])}
+        elif kind != "recipe":  # the recipe: below, once the out= tensors (the engine's) exist
+            raise ValueError(f"unknown fault {kind!r}")
+    layouts = _out_layouts(recipe, dst)
+    out = {}
+    for n, d in args["outs"]:
+        boxes = layouts[n].boxes_of(ctx.rank) if n in layouts else ()
+        tensors = [torch.empty(b.sizes, dtype=getattr(torch, d), device=ctx.device) for b in boxes]
+        for t in tensors:
+            t.view(torch.uint8).fill_(SENTINEL)
+        if tensors:
+            out[n] = tensors
+    if ctx.rank == fault["rank"] and fault["kind"] == "recipe":
+        recipe = make_recipe(
+            Target(t.name + ".renamed", t.expr) if t.name == name else t for t in recipe.targets
+        )
+    error = None
+    try:
+        refit(recipe, state, src, dst, ctx.group, out=out)
+    except RefitError as e:
+        error = str(e)
+    untouched = all(bool(t.view(torch.uint8).eq(SENTINEL).all()) for v in out.values() for t in v)
+    return {"error": error, "untouched": untouched}, []
 
 
 @operation("refit.naive", collective=True, check=_check)

@@ -22,7 +22,7 @@ from shardspec.refit.geometry import geometry
 from shardspec.refit.models import dense_to_vllm, moe_to_vllm, padded_vocab
 from shardspec.testing.tensors import random_tensor
 
-__all__ = ["Model", "refit_case", "refit_cases"]
+__all__ = ["FAULTS", "Model", "refit_case", "refit_cases", "refusal_cases"]
 
 PLACEMENTS = ("colocated", "disjoint", "overlapping")
 TRAINING = ("fsdp", "fsdp_tp", "uneven")
@@ -200,3 +200,35 @@ def refit_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
     cuts = tuple(draw(st.lists(st.integers(0, 16), min_size=world, max_size=world)))
     seeds = tuple(draw(st.lists(st.integers(0, 2**16), min_size=1, max_size=2, unique=True)))
     return refit_case(m, world, list(train), list(serve), training, cuts, seeds, placement)
+
+
+FAULTS = ("shape", "missing", "layout", "recipe")
+
+
+@st.composite
+def refusal_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
+    """A refit case of one round and the one thing one rank gets wrong (``fault``, as
+    ``Refit.refit_refused`` takes it): a source box of the wrong shape or left out, another
+    destination layout than the other ranks', or a target of the recipe renamed."""
+    c = draw(refit_cases(max_world))
+    c["rounds"] = c["rounds"][:1]
+    world = c["world"]
+    kind = draw(st.sampled_from(FAULTS if world > 1 else ("shape", "missing", "recipe")))
+    fault: dict[str, Any] = {"kind": kind}
+    if kind in ("shape", "missing"):
+        held = [(n, r) for n, layout in c["src"].items() for r in range(world)
+                if layout.boxes_of(r)]  # fmt: skip
+        fault["name"], fault["rank"] = draw(st.sampled_from(held))
+    else:
+        fault["name"] = draw(st.sampled_from([t.name for t in c["recipe"].targets]))
+        fault["rank"] = draw(st.integers(0, world - 1))
+        if kind == "layout":
+            good = c["dst"][fault["name"]]
+            on = draw(st.integers(0, world - 1))
+            alt = Layout.replicated(good.shape, [on])
+            if alt == good:  # the same layout: a box held twice is wrong another way
+                alt = Layout.replicated(good.shape, [on, on])
+            fault["layout"] = alt
+    c["fault"] = fault
+    c["ex"] += f" fault={kind} {fault['name']!r} on rank {fault['rank']}"
+    return c

@@ -2,7 +2,10 @@
 recipes, from drawn training layouts into drawn serving layouts on 1 to 4 ranks (colocated,
 disjoint, overlapping, idle ranks), in float32, bfloat16 and FP8 blocks, refit once or twice
 with new values; every destination rank's tensors against ``shardspec.refit.reference``, bit
-for bit."""
+for bit, written into the caller's tensors. And the refusals: one rank passing a source box of
+the wrong shape, leaving a source out, holding another destination layout or another recipe
+makes every rank raise the same RefitError, naming the tensor, with every out= tensor
+untouched."""
 
 from __future__ import annotations
 
@@ -14,13 +17,15 @@ from hypothesis import example, given, settings
 from conformance.assertions import assert_equal, assert_tensor_bitwise
 from conformance.cases import case
 from conformance.impls import Impl
-from conformance.strategies.refit import Model, refit_case, refit_cases
+from conformance.strategies.refit import Model, refit_case, refit_cases, refusal_cases
 from shardspec.refit import reference
 
 # Each example is one or two refits of a whole model on up to 4 ranks: a third of the
 # profile's examples, never fewer than 20 (or than the profile's own when it asks for fewer).
 _N = settings().max_examples
 FEWER = settings(max_examples=max(min(_N, 20), _N // 3))
+# A refusal moves no data: one exchange of digests. Still a pool call per example.
+REFUSALS = settings(max_examples=max(min(_N, 8), _N // 10))
 
 
 def _shards(full: dict[str, Any], src: dict[str, Any]) -> dict[str, dict[int, list[Any]]]:
@@ -69,3 +74,40 @@ def test_every_serving_rank_holds_the_references_bytes(
                     assert_equal(f"round{i}.rank{r}.len({n})", len(have), len(exp), ex, rule)
                     for k, (a, b) in enumerate(zip(have, exp)):
                         assert_tensor_bitwise(f"round{i}.rank{r}.{n}[{k}]", a, b, ex, rule)
+
+
+# Rank 1 of the disjoint GQA case passes its k_proj box one row short.
+SHORT_K = {
+    **GQA_TP2,
+    "fault": {"kind": "shape", "name": "model.layers.0.self_attn.k_proj.weight", "rank": 1},
+    "ex": GQA_TP2["ex"] + " fault=shape k_proj on rank 1",
+}
+
+
+@pytest.mark.rule("REFIT-6", "REFIT-12")
+@pytest.mark.pool
+@REFUSALS
+@given(refusal_cases())
+@example(SHORT_K)
+def test_one_ranks_mistake_is_the_same_refit_error_on_every_rank_before_data_moves(
+    impl: Impl, pools: Any, c: dict[str, Any]
+) -> None:
+    """Every rank raises, every rank's message is the same, every out= tensor still holds
+    only the sentinel; a wrong source or destination is named in the message."""
+    ex, fault = c["ex"], c["fault"]
+    with case():
+        results = impl.refit_refused(
+            pools(c["world"]), c["recipe"], c["rounds"][0], c["src"], c["dst"],
+            fault=fault, example=ex,
+        )  # fmt: skip
+        assert_equal("len(ranks)", len(results), c["world"], ex)
+        for r, got in enumerate(results):
+            assert_equal(f"rank{r} raised RefitError", got["error"] is not None, True, ex,
+                         "REFIT-12")  # fmt: skip
+            assert_equal(f"rank{r}.out= untouched", got["untouched"], True, ex, "REFIT-12")
+        messages = sorted({str(got["error"]) for got in results})
+        assert_equal("distinct messages of the ranks", len(messages), 1, f"{ex}: {messages}",
+                     "REFIT-12")  # fmt: skip
+        if fault["kind"] != "recipe":
+            assert_equal(f"the message names {fault['name']!r}", fault["name"] in messages[0],
+                         True, f"{ex}: {messages[0]}", "REFIT-6")  # fmt: skip

@@ -2,7 +2,10 @@
 the built-in recipes (``shardspec.refit.models``), drawn training layouts (FSDP chunks, FSDP x
 TP, uneven cuts) and serving layouts (TP of packed parts, EP of stacked experts), on colocated,
 disjoint or overlapping sides with idle ranks, in float32, bfloat16 or FP8 blocks, refit once
-or twice with new values in between.
+or twice with new values in between. And a user's own recipes (one case in four): a
+concatenation of 1-3 sources (packed or plain), maybe stacked with a second one, padded,
+transposed or sliced (an unstack), maybe cast or put in FP8 blocks, between any valid layouts
+of the two sides.
 
 Sizes are drawn so that TP rarely divides them: hidden sizes, head counts, vocabularies (the
 padded vocabulary is a drawn multiple, not TP's), intermediate sizes and expert counts.
@@ -17,7 +20,19 @@ import torch
 from hypothesis import strategies as st
 
 from shardspec.metadata import Box, Layout, chunk_bounds, chunk_layout
-from shardspec.refit import packed_layout
+from shardspec.metadata.strategies import valid_layouts
+from shardspec.refit import (
+    Cast,
+    Pad,
+    QuantizeFP8,
+    Select,
+    Target,
+    Transpose,
+    concat,
+    packed_layout,
+    recipe,
+    stack,
+)
 from shardspec.refit.geometry import geometry
 from shardspec.refit.models import dense_to_vllm, moe_to_vllm, padded_vocab
 from shardspec.testing.tensors import random_tensor
@@ -199,7 +214,74 @@ def refit_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
     training = draw(st.sampled_from(TRAINING), label="training")
     cuts = tuple(draw(st.lists(st.integers(0, 16), min_size=world, max_size=world)))
     seeds = tuple(draw(st.lists(st.integers(0, 2**16), min_size=1, max_size=2, unique=True)))
+    if draw(st.integers(0, 3), label="own recipe") == 0:
+        return draw(own_recipe_case(world, list(train), list(serve), seeds, placement))
     return refit_case(m, world, list(train), list(serve), training, cuts, seeds, placement)
+
+
+@st.composite
+def own_recipe_case(
+    draw: st.DrawFn,
+    world: int,
+    train: list[int],
+    serve: list[int],
+    seeds: tuple[int, ...],
+    placement: str,
+) -> dict[str, Any]:
+    """One destination ``x`` of a user's recipe from sources on ``train`` into ``serve``."""
+    k = draw(st.integers(1, 4))
+    rows = draw(st.lists(st.integers(0, 5), min_size=1, max_size=3))
+    names = [f"s{i}" for i in range(len(rows))]
+    shapes = {n: (m, k) for n, m in zip(names, rows)}
+    e: Any = concat(names, 0, packed=draw(st.booleans()))
+    if draw(st.booleans()):
+        others = [f"t{i}" for i in range(len(rows))]
+        shapes |= {o: (m, k) for o, m in zip(others, rows)}
+        e = stack([e, concat(others, 0)], draw(st.integers(0, 2)))
+    nd = 2 + (1 if "t0" in shapes else 0)
+    for _ in range(draw(st.integers(0, 2))):
+        step = draw(st.sampled_from(["pad", "transpose", "select"]))
+        if step == "pad":
+            e = Pad(e, draw(st.integers(0, nd - 1)), 16)  # every dim here is under 16
+        elif step == "transpose":
+            e = Transpose(e, draw(st.integers(0, nd - 1)), draw(st.integers(0, nd - 1)))
+        elif nd > 1:
+            shape = geometry(e, shapes, "x").shape
+            d = draw(st.integers(0, nd - 1))
+            if shape[d]:
+                e = Select(e, d, draw(st.integers(0, shape[d] - 1)))
+                nd -= 1
+    shape = geometry(e, shapes, "x").shape
+    dtype = draw(st.sampled_from(["float32", "bfloat16"]))
+    value = draw(st.sampled_from(["", "cast", "fp8"] if nd >= 2 else ["", "cast"]))
+    dst_layout = _on(draw(valid_layouts(st.just(shape), world=len(serve))), serve)
+    if value == "cast":
+        e = Cast(e, "bfloat16" if dtype == "float32" else "float32")
+    elif value == "fp8":
+        block = (draw(st.integers(1, 2)), draw(st.integers(1, 3)))
+        e = QuantizeFP8(e, block, ue8m0=draw(st.booleans()))
+        # REFIT-10: no box may cut a block; every serving rank holds it whole
+        dst_layout = Layout.replicated(shape, serve)
+    r = recipe([Target("x", e)])
+    rounds = [
+        {n: random_tensor(s, getattr(torch, dtype), seed * 1000 + i)
+         for i, (n, s) in enumerate(shapes.items())}
+        for seed in seeds
+    ]  # fmt: skip
+    src = {n: _on(draw(valid_layouts(st.just(s), world=len(train))), train)
+           for n, s in shapes.items()}  # fmt: skip
+    ex = (
+        f"refit(own recipe x = {e!r}, sources {shapes} {dtype}, world={world}, "
+        f"{placement + ' ' if placement else ''}train={train}, serve={serve}, "
+        f"rounds={len(seeds)})"
+    )
+    return {"world": world, "recipe": r, "rounds": rounds, "src": src, "dst": {"x": dst_layout},
+            "ex": ex}  # fmt: skip
+
+
+def _on(layout: Layout, ranks: list[int]) -> Layout:
+    """``layout`` (of ranks ``0..len(ranks)-1``) on ``ranks``."""
+    return layout.with_ranks(list(ranks))
 
 
 FAULTS = ("shape", "missing", "layout", "recipe")

@@ -140,6 +140,19 @@ def test_malformed_recipe_data_is_refused(data: object) -> None:
 
 
 @pytest.mark.rule("REFIT-1")
+def test_a_recipe_holds_targets_each_name_once() -> None:
+    """An FP8 target's scales count as a name too: a target called like them is refused."""
+    from shardspec.refit import QuantizeFP8
+
+    with pytest.raises(RefitError, match="holds Targets"):
+        recipe([Target("x", Source("a")), ("y", Source("b"))])  # type: ignore[list-item]
+    with pytest.raises(RefitError, match="'x' is defined twice"):
+        recipe([Target("x", Source("a")), Target("x", Source("b"))])
+    with pytest.raises(RefitError, match="'x_scale_inv' is defined twice"):
+        recipe([Target("x", QuantizeFP8(Source("a"))), Target("x_scale_inv", Source("b"))])
+
+
+@pytest.mark.rule("REFIT-1")
 def test_value_steps_only_wrap_the_whole_expression() -> None:
     from shardspec.refit import Cast, QuantizeFP8
 

@@ -23,18 +23,14 @@ from shardspec.metadata import Box, Layout, chunk_bounds, chunk_layout
 from shardspec.metadata.strategies import valid_layouts
 from shardspec.refit import (
     Cast,
-    Pad,
     QuantizeFP8,
-    Select,
     Target,
-    Transpose,
-    concat,
     packed_layout,
     recipe,
-    stack,
 )
 from shardspec.refit.geometry import geometry
 from shardspec.refit.models import dense_to_vllm, moe_to_vllm, padded_vocab
+from shardspec.refit.strategies import geometric_exprs
 from shardspec.testing.tensors import random_tensor
 
 __all__ = ["FAULTS", "Model", "refit_case", "refit_cases", "refusal_cases"]
@@ -229,29 +225,10 @@ def own_recipe_case(
     placement: str,
 ) -> dict[str, Any]:
     """One destination ``x`` of a user's recipe from sources on ``train`` into ``serve``."""
-    k = draw(st.integers(1, 4))
-    rows = draw(st.lists(st.integers(0, 5), min_size=1, max_size=3))
-    names = [f"s{i}" for i in range(len(rows))]
-    shapes = {n: (m, k) for n, m in zip(names, rows)}
-    e: Any = concat(names, 0, packed=draw(st.booleans()))
-    if draw(st.booleans()):
-        others = [f"t{i}" for i in range(len(rows))]
-        shapes |= {o: (m, k) for o, m in zip(others, rows)}
-        e = stack([e, concat(others, 0)], draw(st.integers(0, 2)))
-    nd = 2 + (1 if "t0" in shapes else 0)
-    for _ in range(draw(st.integers(0, 2))):
-        step = draw(st.sampled_from(["pad", "transpose", "select"]))
-        if step == "pad":
-            e = Pad(e, draw(st.integers(0, nd - 1)), 16)  # every dim here is under 16
-        elif step == "transpose":
-            e = Transpose(e, draw(st.integers(0, nd - 1)), draw(st.integers(0, nd - 1)))
-        elif nd > 1:
-            shape = geometry(e, shapes, "x").shape
-            d = draw(st.integers(0, nd - 1))
-            if shape[d]:
-                e = Select(e, d, draw(st.integers(0, shape[d] - 1)))
-                nd -= 1
+    expr, shapes = draw(geometric_exprs())
+    e: Any = expr
     shape = geometry(e, shapes, "x").shape
+    nd = len(shape)
     dtype = draw(st.sampled_from(["float32", "bfloat16"]))
     value = draw(st.sampled_from(["", "cast", "fp8"] if nd >= 2 else ["", "cast"]))
     dst_layout = _on(draw(valid_layouts(st.just(shape), world=len(serve))), serve)

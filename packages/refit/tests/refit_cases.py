@@ -13,23 +13,18 @@ from hypothesis import strategies as st
 from shardspec.metadata import Layout
 from shardspec.metadata.strategies import valid_layouts
 from shardspec.refit import (
-    Pad,
     Recipe,
     RefitError,
-    Select,
     Target,
-    Transpose,
-    concat,
     recipe,
     recipe_from_data,
     recipe_to_data,
     reference,
     refit,
     scale_layout,
-    stack,
 )
 from shardspec.refit.geometry import geometry
-from shardspec.refit.recipe import Expr
+from shardspec.refit.strategies import geometric_exprs
 from shardspec.reshard.reference import same_bits
 from shardspec.testing.tensors import random_tensor
 
@@ -109,28 +104,7 @@ def geometric_cases(
 ) -> tuple[Recipe, dict[str, torch.Tensor], dict[str, Layout], dict[str, Layout]]:
     """A concat of 1-3 parts (packed or plain), maybe stacked with a second one, padded,
     transposed or sliced; drawn layouts on both sides, several boxes per rank included."""
-    k = draw(st.integers(1, 4))
-    rows = draw(st.lists(st.integers(0, 5), min_size=1, max_size=3))
-    names = [f"s{i}" for i in range(len(rows))]
-    shapes = {n: (m, k) for n, m in zip(names, rows)}
-    e: Expr = concat(names, 0, packed=draw(st.booleans()))
-    if draw(st.booleans()):
-        others = [f"t{i}" for i in range(len(rows))]
-        shapes |= {o: (m, k) for o, m in zip(others, rows)}
-        e = stack([e, concat(others, 0)], draw(st.integers(0, 2)))
-    nd = len(shapes[names[0]]) + (1 if "t0" in shapes else 0)
-    for _ in range(draw(st.integers(0, 2))):
-        step = draw(st.sampled_from(["pad", "transpose", "select"]))
-        if step == "pad":
-            e = Pad(e, draw(st.integers(0, nd - 1)), 16)  # every dim here is under 16
-        elif step == "transpose":
-            e = Transpose(e, draw(st.integers(0, nd - 1)), draw(st.integers(0, nd - 1)))
-        elif nd > 1:
-            shape = geometry(e, shapes, "x").shape
-            d = draw(st.integers(0, nd - 1))
-            if shape[d]:
-                e = Select(e, d, draw(st.integers(0, shape[d] - 1)))
-                nd -= 1
+    e, shapes = draw(geometric_exprs())
     r = recipe([Target("x", e)])
     shape = geometry(e, shapes, "x").shape
     full = {

@@ -75,11 +75,11 @@ def _imported_modules(path: Path) -> set[str]:
     return names
 
 
-# The suite's operation modules (conformance/ops/) and each peer's (peers/<name>/ops.py).
+# The suite's operation modules (conformance/ops/) and each peer's (peers/<name>/*ops.py).
 OPS_MODULES = sorted(
     [
         *(p for p in (ROOT / "conformance" / "ops").glob("*.py") if p.name != "__init__.py"),
-        *(ROOT / "conformance" / "peers").glob("*/ops.py"),
+        *(ROOT / "conformance" / "peers").glob("*/*ops.py"),
     ]
 )
 SHARED = "conformance.ops.shared"
@@ -92,7 +92,7 @@ def _module(path: Path) -> str:
 def test_the_operation_modules_are_found() -> None:
     names = {_module(p) for p in OPS_MODULES}
     assert {"conformance.ops.pool", "conformance.ops.checkpoint", SHARED} <= names
-    assert "conformance.peers.megatron.ops" in names
+    assert {"conformance.peers.megatron.ops", "conformance.peers.megatron.refit_ops"} <= names
 
 
 @pytest.mark.parametrize("path", OPS_MODULES, ids=_module)

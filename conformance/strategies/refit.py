@@ -13,6 +13,7 @@ padded vocabulary is a drawn multiple, not TP's), intermediate sizes and expert 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ from shardspec.metadata.strategies import valid_layouts
 from shardspec.refit import (
     Cast,
     QuantizeFP8,
+    Source,
     Target,
     packed_layout,
     recipe,
@@ -33,7 +35,15 @@ from shardspec.refit.models import dense_to_vllm, moe_to_vllm, padded_vocab
 from shardspec.refit.strategies import geometric_exprs
 from shardspec.testing.tensors import random_tensor
 
-__all__ = ["FAULTS", "Model", "refit_case", "refit_cases", "refusal_cases"]
+__all__ = [
+    "FAULTS",
+    "Model",
+    "refit_case",
+    "refit_cases",
+    "refusal_cases",
+    "tp_layout",
+    "tp_reshard_cases",
+]
 
 PLACEMENTS = ("colocated", "disjoint", "overlapping")
 TRAINING = ("fsdp", "fsdp_tp", "uneven")
@@ -291,3 +301,76 @@ def refusal_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
     c["fault"] = fault
     c["ex"] += f" fault={kind} {fault['name']!r} on rank {fault['rank']}"
     return c
+
+
+KINDS = ("column", "row", "packed", "whole")
+
+
+def tp_layout(
+    shape: tuple[int, ...], dim: int, parts: list[int], ranks: list[int], tp: int
+) -> Layout:
+    """Megatron's layout of a parameter on ``ranks``: TP groups of ``tp`` consecutive ranks
+    (TP innermost), each rank its chunk of every part in part order, each group a replica."""
+    shards = []
+    for j in range(len(ranks) // tp):
+        shards += packed_layout(shape, dim, parts, ranks[j * tp : (j + 1) * tp]).shards
+    return Layout(shape, shards)
+
+
+@st.composite
+def tp_reshard_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
+    """A Megatron-style refit: the same parameters (renamed or not) from TP x DP on the
+    training ranks into another TP x DP on the serving ranks: column- and row-parallel
+    weights, packed ones (parts split independently, as Megatron's ``partition_sizes``) and
+    whole ones (norms), every split even, as Megatron's TP requires; refit once or twice."""
+    world = draw(st.integers(1, max_world), label="world")
+    order = draw(st.permutations(range(world)))
+    placement = draw(st.sampled_from(PLACEMENTS if world > 1 else PLACEMENTS[:1]))
+    if placement == "colocated":
+        train = serve = order[: draw(st.integers(1, world))]
+    elif placement == "disjoint":
+        nt = draw(st.integers(1, world - 1))
+        train, serve = order[:nt], order[nt : nt + draw(st.integers(1, world - nt))]
+    else:
+        train = order[: draw(st.integers(1, world))]
+        serve = order[draw(st.integers(0, world - 1)) :]
+    train, serve = sorted(train), sorted(serve)
+
+    def degree(ranks: list[int]) -> int:
+        return draw(st.sampled_from([t for t in range(1, len(ranks) + 1) if len(ranks) % t == 0]))
+
+    t_src, t_dst = degree(train), degree(serve)
+    unit = math.lcm(t_src, t_dst)
+    dtype = draw(st.sampled_from(["float32", "bfloat16"]))
+    targets, shapes, src, dst = [], {}, {}, {}
+    for i in range(draw(st.integers(1, 3), label="parameters")):
+        kind = draw(st.sampled_from(KINDS))
+        name = f"decoder.layers.{i}.{kind}.weight"
+        other = draw(st.integers(1, 3))
+        if kind == "whole":
+            shape: tuple[int, ...] = (other,)
+            src[name] = Layout.replicated(shape, train)
+            dst_layout = Layout.replicated(shape, serve)
+        else:
+            n_parts = draw(st.integers(2, 3)) if kind == "packed" else 1
+            parts = [unit * draw(st.integers(1, 3)) for _ in range(n_parts)]
+            dim = 1 if kind == "row" else 0
+            shape = (sum(parts), other) if dim == 0 else (other, sum(parts))
+            src[name] = tp_layout(shape, dim, parts, train, t_src)
+            dst_layout = tp_layout(shape, dim, parts, serve, t_dst)
+        target = draw(st.sampled_from([name, "serving." + name]))
+        targets.append(Target(target, Source(name)))
+        shapes[name], dst[target] = shape, dst_layout
+    seeds = tuple(draw(st.lists(st.integers(0, 2**16), min_size=1, max_size=2, unique=True)))
+    rounds = [
+        {n: random_tensor(s, getattr(torch, dtype), seed * 1000 + i)
+         for i, (n, s) in enumerate(shapes.items())}
+        for seed in seeds
+    ]  # fmt: skip
+    ex = (
+        f"refit(tp reshard {[(t.name, shapes[t.expr.name]) for t in targets]} {dtype}, "
+        f"world={world} {placement}, train={train} TP {t_src}, serve={serve} TP {t_dst}, "
+        f"rounds={len(seeds)})"
+    )
+    return {"world": world, "recipe": recipe(targets), "rounds": rounds, "src": src, "dst": dst,
+            "ex": ex}  # fmt: skip

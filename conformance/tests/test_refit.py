@@ -2,7 +2,9 @@
 recipes, from drawn training layouts into drawn serving layouts on 1 to 4 ranks (colocated,
 disjoint, overlapping, idle ranks), in float32, bfloat16 and FP8 blocks, refit once or twice
 with new values; every destination rank's tensors against ``shardspec.refit.reference``, bit
-for bit, written into the caller's tensors. And the refusals: one rank passing a source box of
+for bit, written into the caller's tensors. Megatron-Core's home ground too: the same
+parameters (renamed or not) from one even TP x DP grid into another, packed parts split
+independently, whole parameters replicated. And the refusals: one rank passing a source box of
 the wrong shape, leaving a source out, holding another destination layout or another recipe
 makes every rank raise the same RefitError, naming the tensor, with every out= tensor
 untouched."""
@@ -17,7 +19,14 @@ from hypothesis import example, given, settings
 from conformance.assertions import assert_equal, assert_tensor_bitwise
 from conformance.cases import case
 from conformance.impls import Impl
-from conformance.strategies.refit import Model, refit_case, refit_cases, refusal_cases
+from conformance.strategies.refit import (
+    Model,
+    refit_case,
+    refit_cases,
+    refusal_cases,
+    tp_layout,
+    tp_reshard_cases,
+)
 from shardspec.refit import reference
 
 # Each example is one or two refits of a whole model on up to 4 ranks: a third of the
@@ -26,6 +35,8 @@ _N = settings().max_examples
 FEWER = settings(max_examples=max(min(_N, 20), _N // 3))
 # A refusal moves no data: one exchange of digests. Still a pool call per example.
 REFUSALS = settings(max_examples=max(min(_N, 8), _N // 10))
+# Small grids of a few parameters, one pool call each.
+TP_RESHARDS = settings(max_examples=max(min(_N, 10), _N // 6))
 
 
 def _shards(full: dict[str, Any], src: dict[str, Any]) -> dict[str, dict[int, list[Any]]]:
@@ -57,23 +68,77 @@ def test_every_serving_rank_holds_the_references_bytes(
 ) -> None:
     """Round after round (the sources changed in place in between, REFIT-15), each rank holds
     exactly the names the reference gives it, each box bit for bit (REFIT-14)."""
-    ex, recipe, src, dst = c["ex"], c["recipe"], c["src"], c["dst"]
     with case():
-        answers = impl.refit(pools(c["world"]), recipe, c["rounds"], src, dst, example=ex)
-        assert_equal("len(ranks)", len(answers), c["world"], ex)
-        for i, full in enumerate(c["rounds"]):
-            rule = "REFIT-15" if i else "REFIT-14"
-            want = reference.refit(recipe, _shards(full, src), src, dst)
-            for r, per_round in enumerate(answers):
-                assert_equal(f"rank{r}.len(rounds)", len(per_round), len(c["rounds"]), ex)
-                got = per_round[i]
-                names = sorted(n for n, by_rank in want.items() if r in by_rank)
-                assert_equal(f"round{i}.rank{r}.names", sorted(got), names, ex, rule)
-                for n in names:
-                    have, exp = got[n], want[n][r]
-                    assert_equal(f"round{i}.rank{r}.len({n})", len(have), len(exp), ex, rule)
-                    for k, (a, b) in enumerate(zip(have, exp)):
-                        assert_tensor_bitwise(f"round{i}.rank{r}.{n}[{k}]", a, b, ex, rule)
+        answers = impl.refit(pools(c["world"]), c["recipe"], c["rounds"], c["src"], c["dst"],
+                             example=c["ex"])  # fmt: skip
+        _check_rounds(c, answers)
+
+
+def _check_rounds(c: dict[str, Any], answers: list[list[dict[str, list[Any]]]]) -> None:
+    ex, recipe, src, dst = c["ex"], c["recipe"], c["src"], c["dst"]
+    assert_equal("len(ranks)", len(answers), c["world"], ex)
+    for i, full in enumerate(c["rounds"]):
+        rule = "REFIT-15" if i else "REFIT-14"
+        want = reference.refit(recipe, _shards(full, src), src, dst)
+        for r, per_round in enumerate(answers):
+            assert_equal(f"rank{r}.len(rounds)", len(per_round), len(c["rounds"]), ex)
+            got = per_round[i]
+            names = sorted(n for n, by_rank in want.items() if r in by_rank)
+            assert_equal(f"round{i}.rank{r}.names", sorted(got), names, ex, rule)
+            for n in names:
+                have, exp = got[n], want[n][r]
+                assert_equal(f"round{i}.rank{r}.len({n})", len(have), len(exp), ex, rule)
+                for k, (a, b) in enumerate(zip(have, exp)):
+                    assert_tensor_bitwise(f"round{i}.rank{r}.{n}[{k}]", a, b, ex, rule)
+
+
+def _tp_case(
+    world: int, train: list[int], t_src: int, serve: list[int], t_dst: int
+) -> dict[str, Any]:
+    """A packed parameter of parts of 4 and 8 rows (TP on dim 0), a row-parallel one of 4
+    columns and a whole one, float32, refit twice."""
+    import torch
+
+    from shardspec.metadata import Layout
+    from shardspec.refit import Source, Target, recipe
+    from shardspec.testing.tensors import random_tensor
+
+    shapes = {"fc1.weight": (12, 2), "fc2.weight": (2, 4), "norm.weight": (3,)}
+    src = {"fc1.weight": tp_layout((12, 2), 0, [4, 8], train, t_src),
+           "fc2.weight": tp_layout((2, 4), 1, [4], train, t_src),
+           "norm.weight": Layout.replicated((3,), train)}  # fmt: skip
+    dst = {"fc1.weight": tp_layout((12, 2), 0, [4, 8], serve, t_dst),
+           "fc2.weight": tp_layout((2, 4), 1, [4], serve, t_dst),
+           "norm.weight": Layout.replicated((3,), serve)}  # fmt: skip
+    rounds = [{n: random_tensor(s, torch.float32, seed * 10 + i)
+               for i, (n, s) in enumerate(shapes.items())} for seed in (1, 2)]  # fmt: skip
+    return {"world": world, "recipe": recipe(Target(n, Source(n)) for n in shapes),
+            "rounds": rounds, "src": src, "dst": dst,
+            "ex": f"refit(tp reshard fc1 packed 4+8, fc2 row, norm; train={train} TP {t_src}, "
+                  f"serve={serve} TP {t_dst}, rounds=2)"}  # fmt: skip
+
+
+# Disjoint: TP 2 on ranks 0-1 into TP 2 on ranks 2-3; colocated: TP 2 x DP 2 into TP 4 on
+# the same 4 ranks (each part re-cut into quarters).
+TP2_TO_TP2 = _tp_case(4, [0, 1], 2, [2, 3], 2)
+DP2_TO_TP4 = _tp_case(4, [0, 1, 2, 3], 2, [0, 1, 2, 3], 4)
+
+
+@pytest.mark.rule("REFIT-2", "REFIT-3", "REFIT-14", "REFIT-15")
+@pytest.mark.pool
+@TP_RESHARDS
+@given(tp_reshard_cases())
+@example(TP2_TO_TP2)
+@example(DP2_TO_TP4)
+def test_the_same_parameters_between_tp_and_dp_degrees_as_megatron_reshards_them(
+    impl: Impl, pools: Any, c: dict[str, Any]
+) -> None:
+    """Megatron-Core's home ground (``megatron.core.resharding``): the same parameters,
+    renamed or not, from one TP x DP grid into another, packed parts split independently,
+    whole parameters replicated; every rank's boxes bit for bit, round after round."""
+    with case():
+        _check_rounds(c, impl.refit(pools(c["world"]), c["recipe"], c["rounds"], c["src"],
+                                    c["dst"], example=c["ex"]))  # fmt: skip
 
 
 # Rank 1 of the disjoint GQA case passes its k_proj box one row short.

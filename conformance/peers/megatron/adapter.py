@@ -10,9 +10,15 @@ with ``axis_fragmentations``). Identical boxes on several ranks are replicas, to
 ``replica_id`` (0, the main replica, on the lowest rank). A DTensor load target becomes each
 rank's box of it.
 
+Refit (``megatron.core.resharding``, Megatron's weight transfer between two Megatron models):
+the case's layouts become each rank's ``ParameterMetadata`` (``rosters.py``), and
+``refit_ops.py`` plans with ``build_plan_from_rosters`` and executes the plan with the gloo
+copy service, round after round; what Megatron cannot say (packing separate tensors, padding,
+stacking, casts, FP8 blocks, uneven or empty TP chunks) is unsupported, with the reason.
+
 Everything else of the spec (layouts, chunking, DTensor, resharding, FSDP, TorchRec, load
-planning on an in-memory checkpoint) is not what Megatron's checkpointing does: those cases
-are unsupported, each with the reason (CONF-4).
+planning on an in-memory checkpoint) is not what Megatron does: those cases are unsupported,
+each with the reason (CONF-4).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from conformance.interface import Checkpoint, CheckpointFiles
+from conformance.interface import Checkpoint, CheckpointFiles, Refit
 from conformance.interface.checkpoint_files import describe_split, grid_entries, split_refusal
 from shardspec.metadata import Box, Layout
 
@@ -66,10 +72,10 @@ def dtensor_entries(shape: Sequence[int], mesh: Sequence[int], placements: Any) 
     return out
 
 
-class MegatronImpl(Checkpoint, CheckpointFiles):
+class MegatronImpl(Checkpoint, CheckpointFiles, Refit):
     name = "megatron"
     # imported by the pools only while Megatron-Core is under test (its own venv)
-    rank_ops = ("conformance.peers.megatron.ops",)
+    rank_ops = ("conformance.peers.megatron.ops", "conformance.peers.megatron.refit_ops")
 
     def version(self) -> str:
         from importlib.metadata import PackageNotFoundError, version
@@ -82,7 +88,7 @@ class MegatronImpl(Checkpoint, CheckpointFiles):
     def unsupported(self, what: str) -> Any:
         from conformance.interface import Unsupported
 
-        if what.startswith(("saving ", "loading ", "the grid form", "a ", "planning ")):
+        if what.startswith(("saving ", "loading ", "the grid form", "a ", "planning ", "refit")):
             return Unsupported(f"unsupported by {self.name}: {what}")
         return Unsupported(f"unsupported by {self.name}: {what} ({NOT_CHECKPOINTING})")
 
@@ -242,3 +248,58 @@ class MegatronImpl(Checkpoint, CheckpointFiles):
         self, pool: Any, saved: Layout, tensor: Any, path: str, example: str
     ) -> None:
         self.save(pool, path, tuple(tensor.shape), entries_of(saved), tensor, example)
+
+    def refit(
+        self,
+        pool: Any,
+        recipe: Any,
+        rounds: list[dict[str, Any]],
+        src: dict[str, Layout],
+        dst: dict[str, Layout],
+        *,
+        example: str,
+    ) -> list[list[dict[str, list[Any]]]]:
+        """``megatron.core.resharding`` on the pool's ranks (``refit_ops.py``): each rank's
+        metadata from the layouts, Megatron's plan, its gloo copy service, once per round."""
+        from conformance.peers.megatron.rosters import Inexpressible, rosters
+
+        dtypes = {n: str(t.dtype).removeprefix("torch.") for n, t in rounds[0].items()}
+        try:
+            meta = rosters(recipe, src, dst, dtypes, pool.world_size)
+        except Inexpressible as e:
+            raise self.unsupported(f"refit where {e}") from None
+        boxes, inputs = [], []
+        for r, mine in enumerate(meta):
+            names = list(dict.fromkeys(m["name"] for m in mine["src"]))
+            boxes.append({n: len(src[n].boxes_of(r)) for n in names})
+            inputs.append([full[n][b.slices()].contiguous() for full in rounds for n in names
+                           for b in src[n].boxes_of(r)])  # fmt: skip
+        args = {"metadata": meta, "boxes": boxes, "rounds": len(rounds)}
+        answers = []
+        for res in self._run(pool, "megatron.refit", args, inputs, example):
+            it = iter(res.tensors)
+            per_round = []
+            for _ in rounds:
+                got: dict[str, list[Any]] = {}
+                for m in meta[res.rank]["dst"]:
+                    got[m["name"]] = [next(it) for _ in range(max(1, len(m["pieces"])))]
+                per_round.append(got)
+            answers.append(per_round)
+        return answers
+
+    def refit_refused(
+        self,
+        pool: Any,
+        recipe: Any,
+        sources: dict[str, Any],
+        src: dict[str, Layout],
+        dst: dict[str, Layout],
+        *,
+        fault: dict[str, Any],
+        example: str,
+    ) -> list[dict[str, Any]]:
+        raise self.unsupported(
+            "refit's refusals (REFIT-12): they pass shardspec.refit's arguments wrong (a source "
+            "box, a destination layout, the recipe); Megatron's refit reads each rank's "
+            "metadata off its two models, which have no such arguments"
+        )

@@ -51,7 +51,8 @@ def quantize_blocks(
     # of fresh memory). Zero padding to whole blocks (only when an edge block is partial)
     # leaves every amax as it is: |0| is never the max of a block that has a nonzero
     # element, and an all-zero block is all-zero either way.
-    rows = bn * max(1, _CHUNK // (bn * kb * bk))
+    one_pass = _one_pass(x.device)
+    rows = -(-n // bn) * bn if one_pass else bn * max(1, _CHUNK // (bn * kb * bk))
     buf = torch.empty((rows, kb * bk), dtype=torch.float32, device=x.device)
     partial_k = k % bk != 0
     for lead_i in range(xs.shape[0]):
@@ -67,7 +68,7 @@ def quantize_blocks(
             amax = torch.maximum(blocks.amax(dim=(1, 3)), blocks.amin(dim=(1, 3)).neg())
             sc = _scale(amax, ue8m0)
             blocks.div_(sc[:, None, :, None])
-            if not bool(((sc >= _TINY) & (sc <= _BIG)).all()):
+            if one_pass or not bool(((sc >= _TINY) & (sc <= _BIG)).all()):
                 # A normal finite scale keeps |x / scale| under 448 * (1 + 2**-22), which
                 # rounds to 448 anyway, so only other scales need the clamp: a subnormal one
                 # (rounded by up to half its value), one that underflowed to 0 or one that is
@@ -79,6 +80,13 @@ def quantize_blocks(
             qs[lead_i, r0:r1].copy_(b[: r1 - r0, :k])
             ss[lead_i, r0 // bn : r0 // bn + nr // bn].copy_(sc)
     return q, scale
+
+
+def _one_pass(device: torch.device) -> bool:
+    """Whether to quantize each tensor in one pass, fixed up without looking: on an
+    accelerator, where asking whether a chunk needs the fix-up would wait for the device on
+    every chunk, and a pass over the whole tensor is what it is fast at."""
+    return device.type != "cpu"
 
 
 # Elements of float32 a chunk of block rows holds (1 MiB).

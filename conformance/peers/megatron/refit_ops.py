@@ -26,10 +26,10 @@ import torch
 from shardspec.testing.ops import Context, operation
 from shardspec.testing.peers import megatron_cpu_patch
 
-__all__: list[str] = []
+__all__ = ["metadata", "module"]
 
 
-def _module(tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
+def module(tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
     """A module tree whose ``named_parameters()`` are ``tensors`` by their dotted names."""
     root = torch.nn.Module()
     for name, t in tensors.items():
@@ -43,7 +43,9 @@ def _module(tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
     return root
 
 
-def _metadata(ctx: Context, m: dict[str, Any]) -> Any:
+def metadata(m: dict[str, Any], owner: int, world: int) -> Any:
+    """Megatron's ``ParameterMetadata`` of ``m`` (an entry of ``rosters.rosters``) on rank
+    ``owner`` of ``world`` (one pipeline stage: every rank)."""
     from megatron.core.resharding import ParameterMetadata  # type: ignore[import-not-found]
 
     dtype = getattr(torch, m["dtype"])
@@ -56,10 +58,10 @@ def _metadata(ctx: Context, m: dict[str, Any]) -> Any:
         partition_dim=m["partition_dim"],
         partition_stride=1,
         partition_sizes=m["partition_sizes"],
-        owner_rank=ctx.rank,
+        owner_rank=owner,
         tensor_parallel_group_ranks=m["tp"],
         data_parallel_group_ranks=m["dp"],
-        pipeline_parallel_group_ranks=list(range(ctx.world)),
+        pipeline_parallel_group_ranks=list(range(world)),
         resolved_name=m["resolved_name"],
     )
 
@@ -109,9 +111,9 @@ def _refit(
     dst = {
         m["name"]: torch.zeros(m["shape"], dtype=getattr(torch, m["dtype"])) for m in mine["dst"]
     }
-    src_module = _module(src) if src else None
-    dst_module = _module(dst) if dst else None
-    pair = ([_metadata(ctx, m) for m in mine["src"]], [_metadata(ctx, m) for m in mine["dst"]])
+    src_module = module(src) if src else None
+    dst_module = module(dst) if dst else None
+    pair = tuple([metadata(m, ctx.rank, ctx.world) for m in mine[side]] for side in ("src", "dst"))
     gathered: list[Any] = [None] * ctx.world
     dist.all_gather_object(gathered, pair, group=ctx.group)
     plan = build_plan_from_rosters(*index_metadata_rosters(gathered), ctx.rank)

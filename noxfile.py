@@ -384,6 +384,9 @@ SCALE_AREAS = (
     "conformance/tests/test_checkpoint.py::test_a_checkpoint_saved_on_one_world_loads_on_another",
     # the collective load (both read modes) between simulated worlds of up to 64 ranks
     "conformance/tests/test_checkpoint_collective_load.py",
+    # refit on simulated worlds of up to 64 ranks (more ranks than the models' rows): drawn
+    # models and recipes, the Megatron-style grids and the refusals, every rank agreeing
+    "conformance/tests/test_refit.py",
     # every rank of a mesh as one program on LocalTensorMode (against torch; shardspec's
     # frontends are reported unsupported there and run on the threaded worlds above)
     *LOCAL_TESTS,
@@ -494,7 +497,7 @@ def conformance_launched(session: nox.Session) -> None:
 def conformance_scale(session: nox.Session) -> None:
     """The reshard, dtensor, fsdp (HSDP x TP, 3-D and 4-D meshes) and validation areas on
     simulated worlds of 8 to 1024 ranks (threads on torch's threaded process group), DCP round
-    trips between worlds of up to 64 of them, and
+    trips and refits on worlds of up to 64 of them, and
     DTensor's moves and chunk lists as one program for every rank (LocalTensorMode), against
     shardspec and against torch."""
     stack = install_stack(session)

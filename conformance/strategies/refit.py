@@ -201,10 +201,26 @@ def models(draw: st.DrawFn) -> Model:
     )
 
 
+# The largest simulated world a refit case takes (SHARDSPEC_SIM_WORLDS): every rank of a
+# simulated world is a thread, and each plans and exchanges digests with every other.
+REFIT_SIM_MAX = 64
+
+
+def _world(draw: st.DrawFn, max_world: int) -> int:
+    """1 to ``max_world`` ranks of a pool; with simulated worlds, one of those of at most
+    REFIT_SIM_MAX ranks, the largest first (more ranks than the models have rows)."""
+    from shardspec.testing.devices import simulated_worlds
+
+    sim = sorted((w for w in simulated_worlds() if w <= REFIT_SIM_MAX), reverse=True)
+    if sim:
+        return draw(st.sampled_from(sim), label="world")
+    return draw(st.integers(1, max_world), label="world")
+
+
 @st.composite
 def refit_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
     m = draw(models())
-    world = draw(st.integers(1, max_world), label="world")
+    world = _world(draw, max_world)
     order = draw(st.permutations(range(world)))
     placement = draw(st.sampled_from(PLACEMENTS if world > 1 else PLACEMENTS[:1]))
     if placement == "colocated":
@@ -323,7 +339,7 @@ def tp_reshard_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
     training ranks into another TP x DP on the serving ranks: column- and row-parallel
     weights, packed ones (parts split independently, as Megatron's ``partition_sizes``) and
     whole ones (norms), every split even, as Megatron's TP requires; refit once or twice."""
-    world = draw(st.integers(1, max_world), label="world")
+    world = _world(draw, max_world)
     order = draw(st.permutations(range(world)))
     placement = draw(st.sampled_from(PLACEMENTS if world > 1 else PLACEMENTS[:1]))
     if placement == "colocated":

@@ -83,3 +83,12 @@ def test_a_target_built_from_several_sources_is_refused_naming_it() -> None:
         rosters(
             r, layouts, {"qkv": Layout.replicated((4,), [0])}, {"q": "float32", "k": "float32"}, 1
         )
+
+
+def test_a_pipeline_stage_holds_only_its_own_layers_parameters() -> None:
+    # layer 0 on stage 0 (ranks 0-1, TP 2), layer 1 on stage 1 (ranks 2-3, TP 2)
+    src = {"l0": tp_layout((4, 2), 0, [4], [0, 1], 2), "l1": tp_layout((4, 2), 0, [4], [2, 3], 2)}
+    r = recipe([Target("l0", Source("l0")), Target("l1", Source("l1"))])
+    meta = rosters(r, src, src, dict.fromkeys(src, "float32"), 4)
+    assert [[m["name"] for m in mine["src"]] for mine in meta] == [["l0"], ["l0"], ["l1"], ["l1"]]
+    assert [m["tp"] for mine in meta for m in mine["dst"]] == [[0, 1], [0, 1], [2, 3], [2, 3]]

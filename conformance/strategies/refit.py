@@ -335,10 +335,11 @@ def tp_layout(
 
 @st.composite
 def tp_reshard_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
-    """A Megatron-style refit: the same parameters (renamed or not) from TP x DP on the
-    training ranks into another TP x DP on the serving ranks: column- and row-parallel
-    weights, packed ones (parts split independently, as Megatron's ``partition_sizes``) and
-    whole ones (norms), every split even, as Megatron's TP requires; refit once or twice."""
+    """A Megatron-style refit: the same parameters (renamed or not) from TP x DP x PP on the
+    training ranks into another TP x DP x PP on the serving ranks (parameter ``i`` is layer
+    ``i``, on its pipeline stage's ranks only): column- and row-parallel weights, packed ones
+    (parts split independently, as Megatron's ``partition_sizes``) and whole ones (norms),
+    every split even, as Megatron's TP requires; refit once or twice."""
     world = _world(draw, max_world)
     order = draw(st.permutations(range(world)))
     placement = draw(st.sampled_from(PLACEMENTS if world > 1 else PLACEMENTS[:1]))
@@ -352,28 +353,37 @@ def tp_reshard_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
         serve = order[draw(st.integers(0, world - 1)) :]
     train, serve = sorted(train), sorted(serve)
 
-    def degree(ranks: list[int]) -> int:
-        return draw(st.sampled_from([t for t in range(1, len(ranks) + 1) if len(ranks) % t == 0]))
+    def degree(n: int) -> int:
+        return draw(st.sampled_from([t for t in range(1, n + 1) if n % t == 0]))
 
-    t_src, t_dst = degree(train), degree(serve)
+    # Megatron's rank order: TP innermost, then DP, then PP (a stage: a run of the ranks)
+    t_src, t_dst = degree(len(train)), degree(len(serve))
+    p_src, p_dst = degree(len(train) // t_src), degree(len(serve) // t_dst)
     unit = math.lcm(t_src, t_dst)
     dtype = draw(st.sampled_from(["float32", "bfloat16"]))
+    n = draw(st.integers(1, 3), label="parameters")
+
+    def stage(ranks: list[int], pp: int, layer: int) -> list[int]:
+        per, at = len(ranks) // pp, layer * pp // n
+        return ranks[at * per : (at + 1) * per]
+
     targets, shapes, src, dst = [], {}, {}, {}
-    for i in range(draw(st.integers(1, 3), label="parameters")):
+    for i in range(n):
         kind = draw(st.sampled_from(KINDS))
         name = f"decoder.layers.{i}.{kind}.weight"
         other = draw(st.integers(1, 3))
+        on_src, on_dst = stage(train, p_src, i), stage(serve, p_dst, i)
         if kind == "whole":
             shape: tuple[int, ...] = (other,)
-            src[name] = Layout.replicated(shape, train)
-            dst_layout = Layout.replicated(shape, serve)
+            src[name] = Layout.replicated(shape, on_src)
+            dst_layout = Layout.replicated(shape, on_dst)
         else:
             n_parts = draw(st.integers(2, 3)) if kind == "packed" else 1
             parts = [unit * draw(st.integers(1, 3)) for _ in range(n_parts)]
             dim = 1 if kind == "row" else 0
             shape = (sum(parts), other) if dim == 0 else (other, sum(parts))
-            src[name] = tp_layout(shape, dim, parts, train, t_src)
-            dst_layout = tp_layout(shape, dim, parts, serve, t_dst)
+            src[name] = tp_layout(shape, dim, parts, on_src, t_src)
+            dst_layout = tp_layout(shape, dim, parts, on_dst, t_dst)
         target = draw(st.sampled_from([name, "serving." + name]))
         targets.append(Target(target, Source(name)))
         shapes[name], dst[target] = shape, dst_layout
@@ -385,8 +395,8 @@ def tp_reshard_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
     ]  # fmt: skip
     ex = (
         f"refit(tp reshard {[(t.name, shapes[t.expr.name]) for t in targets]} {dtype}, "
-        f"world={world} {placement}, train={train} TP {t_src}, serve={serve} TP {t_dst}, "
-        f"rounds={len(seeds)})"
+        f"world={world} {placement}, train={train} TP {t_src} PP {p_src}, serve={serve} TP "
+        f"{t_dst} PP {p_dst}, rounds={len(seeds)})"
     )
     return {"world": world, "recipe": recipe(targets), "rounds": rounds, "src": src, "dst": dst,
             "ex": ex}  # fmt: skip

@@ -3,7 +3,7 @@ recipes, from drawn training layouts into drawn serving layouts on 1 to 4 ranks 
 disjoint, overlapping, idle ranks), in float32, bfloat16 and FP8 blocks, refit once or twice
 with new values; every destination rank's tensors against ``shardspec.refit.reference``, bit
 for bit, written into the caller's tensors. Megatron-Core's home ground too: the same
-parameters (renamed or not) from one even TP x DP grid into another, packed parts split
+parameters (renamed or not) from one even TP x DP x PP grid into another, packed parts split
 independently, whole parameters replicated. And the refusals: one rank passing a source box of
 the wrong shape, leaving a source out, holding another destination layout or another recipe
 makes every rank raise the same RefitError, naming the tensor, with every out= tensor
@@ -93,20 +93,23 @@ def _check_rounds(c: dict[str, Any], answers: list[list[dict[str, list[Any]]]]) 
 
 
 def _tp_case(
-    world: int, train: list[int], t_src: int, serve: list[int], t_dst: int
+    world: int, train: list[int], t_src: int, serve: list[int], t_dst: int, pp_src: int = 1
 ) -> dict[str, Any]:
-    """A packed parameter of parts of 4 and 8 rows (TP on dim 0), a row-parallel one of 4
-    columns and a whole one, float32, refit twice."""
+    """A packed parameter of parts of 4 and 8 rows (TP on dim 0) and a row-parallel one of 4
+    columns (layer 0), and a whole one (layer 1), float32, refit twice; with ``pp_src`` 2,
+    layer 0 trains on the first half of ``train`` and layer 1 on the second."""
     import torch
 
     from shardspec.metadata import Layout
     from shardspec.refit import Source, Target, recipe
     from shardspec.testing.tensors import random_tensor
 
+    half = len(train) // pp_src
+    first, last = train[:half], train[-half:]
     shapes = {"fc1.weight": (12, 2), "fc2.weight": (2, 4), "norm.weight": (3,)}
-    src = {"fc1.weight": tp_layout((12, 2), 0, [4, 8], train, t_src),
-           "fc2.weight": tp_layout((2, 4), 1, [4], train, t_src),
-           "norm.weight": Layout.replicated((3,), train)}  # fmt: skip
+    src = {"fc1.weight": tp_layout((12, 2), 0, [4, 8], first, t_src),
+           "fc2.weight": tp_layout((2, 4), 1, [4], first, t_src),
+           "norm.weight": Layout.replicated((3,), last)}  # fmt: skip
     dst = {"fc1.weight": tp_layout((12, 2), 0, [4, 8], serve, t_dst),
            "fc2.weight": tp_layout((2, 4), 1, [4], serve, t_dst),
            "norm.weight": Layout.replicated((3,), serve)}  # fmt: skip
@@ -114,14 +117,15 @@ def _tp_case(
                for i, (n, s) in enumerate(shapes.items())} for seed in (1, 2)]  # fmt: skip
     return {"world": world, "recipe": recipe(Target(n, Source(n)) for n in shapes),
             "rounds": rounds, "src": src, "dst": dst,
-            "ex": f"refit(tp reshard fc1 packed 4+8, fc2 row, norm; train={train} TP {t_src}, "
-                  f"serve={serve} TP {t_dst}, rounds=2)"}  # fmt: skip
+            "ex": f"refit(tp reshard fc1 packed 4+8, fc2 row, norm; train={train} TP {t_src} "
+                  f"PP {pp_src}, serve={serve} TP {t_dst}, rounds=2)"}  # fmt: skip
 
 
 # Disjoint: TP 2 on ranks 0-1 into TP 2 on ranks 2-3; colocated: TP 2 x DP 2 into TP 4 on
-# the same 4 ranks (each part re-cut into quarters).
+# the same 4 ranks (each part re-cut into quarters), and TP 2 x PP 2 into TP 4.
 TP2_TO_TP2 = _tp_case(4, [0, 1], 2, [2, 3], 2)
 DP2_TO_TP4 = _tp_case(4, [0, 1, 2, 3], 2, [0, 1, 2, 3], 4)
+PP2_TO_TP4 = _tp_case(4, [0, 1, 2, 3], 2, [0, 1, 2, 3], 4, pp_src=2)
 
 
 @pytest.mark.rule("REFIT-2", "REFIT-3", "REFIT-14", "REFIT-15")
@@ -130,12 +134,14 @@ DP2_TO_TP4 = _tp_case(4, [0, 1, 2, 3], 2, [0, 1, 2, 3], 4)
 @given(tp_reshard_cases())
 @example(TP2_TO_TP2)
 @example(DP2_TO_TP4)
-def test_the_same_parameters_between_tp_and_dp_degrees_as_megatron_reshards_them(
+@example(PP2_TO_TP4)
+def test_the_same_parameters_between_tp_dp_and_pp_grids_as_megatron_reshards_them(
     impl: Impl, pools: Any, c: dict[str, Any]
 ) -> None:
     """Megatron-Core's home ground (``megatron.core.resharding``): the same parameters,
-    renamed or not, from one TP x DP grid into another, packed parts split independently,
-    whole parameters replicated; every rank's boxes bit for bit, round after round."""
+    renamed or not, from one TP x DP x PP grid into another, packed parts split
+    independently, whole parameters replicated; every rank's boxes bit for bit, round after
+    round."""
     with case():
         _check_rounds(c, impl.refit(pools(c["world"]), c["recipe"], c["rounds"], c["src"],
                                     c["dst"], example=c["ex"]))  # fmt: skip

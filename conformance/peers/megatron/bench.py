@@ -148,40 +148,12 @@ def transfer(rank: int, world: int, layers: int, dim: int, variant: str, repeat:
             refit(r, state, src, dst, out=out)
 
     elif variant == "megatron":
-        from megatron.core.resharding import (  # type: ignore[import-not-found]
-            build_plan_from_rosters,
-            execute_reshard_plan,
-            index_metadata_rosters,
-        )
-        from megatron.core.resharding.copy_services.gloo_copy_service import (  # type: ignore[import-not-found]
-            GlooCopyService,
-        )
-
-        from conformance.peers.megatron.refit_ops import metadata, module
+        from conformance.peers.megatron.refit_ops import MegatronRefit
         from conformance.peers.megatron.rosters import rosters
-        from shardspec.testing.peers import megatron_cpu_patch
 
-        megatron_cpu_patch()
         mine = rosters(r, src, dst, dict.fromkeys(src, "bfloat16"), world)[rank]
-        local = {m["name"]: torch.cat(state[m["name"]], m["split_dim"]) for m in mine["src"]}
-        held = {m["name"]: torch.zeros(m["shape"], dtype=torch.bfloat16) for m in mine["dst"]}
-        src_module, dst_module = module(local), module(held)
-        pair = tuple([metadata(m, rank, world) for m in mine[s]] for s in ("src", "dst"))
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, pair)
-        plan = build_plan_from_rosters(*index_metadata_rosters(gathered), rank)
-        service = GlooCopyService()
-        params = dict(dst_module.named_parameters())
-
-        def run() -> None:
-            execute_reshard_plan(plan, src_module, dst_module, service)
-
-        def result() -> list[torch.Tensor]:
-            got = []
-            for m in mine["dst"]:
-                t = params[m["name"]].detach()
-                got += list(t.split(m["pieces"], m["split_dim"])) if len(m["pieces"]) > 1 else [t]
-            return got
+        theirs = MegatronRefit(mine, state, rank, world)
+        run = theirs.run
 
     else:  # the floor
         send, recv = [0] * world, [0] * world
@@ -210,7 +182,7 @@ def transfer(rank: int, world: int, layers: int, dim: int, variant: str, repeat:
     if variant == "ours":
         digest = _digest([t for n in dst for t in out[n]])
     elif variant == "megatron":
-        digest = _digest(result())
+        digest = _digest(theirs.result())
     else:
         digest = []
     return {

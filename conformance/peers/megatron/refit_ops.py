@@ -26,7 +26,7 @@ import torch
 from shardspec.testing.ops import Context, operation
 from shardspec.testing.peers import megatron_cpu_patch
 
-__all__ = ["metadata", "module"]
+__all__ = ["MegatronRefit", "metadata", "module"]
 
 
 def module(tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
@@ -66,6 +66,67 @@ def metadata(m: dict[str, Any], owner: int, world: int) -> Any:
     )
 
 
+class MegatronRefit:
+    """One rank's side of a Megatron refit, set up as ``build_local_reshard_plan`` sets it up:
+    its source and destination models from ``mine`` (its entry of ``rosters.rosters``) and
+    its source boxes ``state`` by name, the metadata all-gathered over ``group``, the plan
+    built once. :meth:`run` executes it; :meth:`load` puts new source values in place;
+    :meth:`result` is the rank's destination boxes, each local tensor split into its parts."""
+
+    def __init__(
+        self,
+        mine: dict[str, list[dict[str, Any]]],
+        state: dict[str, list[torch.Tensor]],
+        rank: int,
+        world: int,
+        group: Any = None,
+    ) -> None:
+        import torch.distributed as dist
+        from megatron.core.resharding import (  # type: ignore[import-not-found]
+            build_plan_from_rosters,
+            index_metadata_rosters,
+        )
+        from megatron.core.resharding.copy_services.gloo_copy_service import (  # type: ignore[import-not-found]
+            GlooCopyService,
+        )
+
+        megatron_cpu_patch()
+        self.mine, self.group = mine, group
+        # a source feeding two targets: one tensor
+        self.src_meta = {m["name"]: m for m in mine["src"]}
+        src = {n: _local(m, state[n]) for n, m in self.src_meta.items()}
+        dst = {m["name"]: torch.zeros(m["shape"], dtype=getattr(torch, m["dtype"]))
+               for m in mine["dst"]}  # fmt: skip
+        self.src_module = module(src) if src else None
+        self.dst_module = module(dst) if dst else None
+        pair = tuple([metadata(m, rank, world) for m in mine[side]] for side in ("src", "dst"))
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, pair, group=group)
+        self.plan = build_plan_from_rosters(*index_metadata_rosters(gathered), rank)
+        self.service = GlooCopyService(group=group)
+        self.sources = dict(self.src_module.named_parameters()) if src else {}
+        self.params = dict(self.dst_module.named_parameters()) if dst else {}
+
+    def load(self, state: dict[str, list[torch.Tensor]]) -> None:
+        with torch.no_grad():
+            for n, m in self.src_meta.items():
+                self.sources[n].copy_(_local(m, state[n]))
+
+    def run(self) -> None:
+        from megatron.core.resharding import execute_reshard_plan  # type: ignore[import-not-found]
+
+        execute_reshard_plan(
+            self.plan, self.src_module, self.dst_module, self.service, group=self.group
+        )
+
+    def result(self) -> list[torch.Tensor]:
+        got: list[torch.Tensor] = []
+        for m in self.mine["dst"]:
+            t = self.params[m["name"]].detach()
+            got += list(t.split(m["pieces"], m["split_dim"])) if len(m["pieces"]) > 1 else [t]
+        return got
+
+
 def _local(m: dict[str, Any], boxes: list[torch.Tensor]) -> torch.Tensor:
     """A rank's local tensor of a parameter: its boxes, concatenated along the split dim."""
     if len(boxes) == 1:
@@ -86,18 +147,6 @@ def _refit(
     """Megatron's refit of ``args["metadata"]``, once per round; per round this rank's
     destination boxes in ``args["metadata"][rank]["dst"]`` order (each parameter's local
     tensor split back into its parts)."""
-    import torch.distributed as dist
-    from megatron.core.resharding import (  # type: ignore[import-not-found]
-        build_plan_from_rosters,
-        execute_reshard_plan,
-        index_metadata_rosters,
-    )
-    from megatron.core.resharding.copy_services.gloo_copy_service import (  # type: ignore[import-not-found]
-        GlooCopyService,
-    )
-
-    megatron_cpu_patch()
-    mine = args["metadata"][ctx.rank]
     counts: dict[str, int] = args["boxes"][ctx.rank]
     rounds, pos = [], 0
     for _ in range(args["rounds"]):
@@ -106,31 +155,11 @@ def _refit(
             state[n] = ts[pos : pos + k]
             pos += k
         rounds.append(state)
-    src_meta = {m["name"]: m for m in mine["src"]}  # a source feeding two targets: one tensor
-    src = {n: _local(m, rounds[0][n]) for n, m in src_meta.items()}
-    dst = {
-        m["name"]: torch.zeros(m["shape"], dtype=getattr(torch, m["dtype"])) for m in mine["dst"]
-    }
-    src_module = module(src) if src else None
-    dst_module = module(dst) if dst else None
-    pair = tuple([metadata(m, ctx.rank, ctx.world) for m in mine[side]] for side in ("src", "dst"))
-    gathered: list[Any] = [None] * ctx.world
-    dist.all_gather_object(gathered, pair, group=ctx.group)
-    plan = build_plan_from_rosters(*index_metadata_rosters(gathered), ctx.rank)
-    service = GlooCopyService(group=ctx.group)
-    params = dict(dst_module.named_parameters()) if dst_module is not None else {}
-    sources = dict(src_module.named_parameters()) if src_module is not None else {}
+    refit = MegatronRefit(args["metadata"][ctx.rank], rounds[0], ctx.rank, ctx.world, ctx.group)
     got: list[torch.Tensor] = []
     for i, state in enumerate(rounds):
         if i:
-            with torch.no_grad():
-                for n, m in src_meta.items():
-                    sources[n].copy_(_local(m, state[n]))
-        execute_reshard_plan(plan, src_module, dst_module, service, group=ctx.group)
-        for m in mine["dst"]:
-            t = params[m["name"]].detach()
-            if len(m["pieces"]) > 1:
-                got += [p.clone() for p in t.split(m["pieces"], m["split_dim"])]
-            else:
-                got.append(t.clone())
-    return {"sends": len(plan.send_ops), "recvs": len(plan.recv_ops)}, got
+            refit.load(state)
+        refit.run()
+        got += [t.clone() for t in refit.result()]
+    return {"sends": len(refit.plan.send_ops), "recvs": len(refit.plan.recv_ops)}, got

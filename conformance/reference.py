@@ -61,6 +61,29 @@ def chunk_intervals(n: int, k: int) -> list[tuple[int, int]]:
     return out
 
 
+def packed_rows(
+    part_sizes: Sequence[int], unit: int, k: int, replicate: Sequence[int] = ()
+) -> list[list[tuple[int, int]]]:
+    """Per rank ``i`` of ``k``, the ``[start, stop)`` it holds of each part along the packed
+    dim, in part order (REFIT-3): chunk ``i`` of the part's ``unit``-element units by
+    ``torch.chunk``; a part in ``replicate`` with fewer units than ranks is vLLM's replicated
+    KV heads instead: ``num_kv_head_replicas = k // units`` and rank ``i`` loads unit
+    ``i // num_kv_head_replicas`` (QKVParallelLinear's ``shard_id``)."""
+    out: list[list[tuple[int, int]]] = [[] for _ in range(k)]
+    at = 0
+    for p, size in enumerate(part_sizes):
+        units = size // unit
+        for i in range(k):
+            if p in replicate and 0 < units < k:
+                lo = i // (k // units)
+                hi = lo + 1
+            else:
+                lo, hi = chunk_intervals(units, k)[i]
+            out[i].append((at + lo * unit, at + hi * unit))
+        at += size
+    return out
+
+
 def mesh_coordinates(mesh_shape: Sequence[int]) -> list[tuple[int, ...]]:
     """Coordinates in row-major order: rank ``r`` of ``arange(W).reshape(mesh_shape)``."""
     return list(itertools.product(*(range(m) for m in mesh_shape)))

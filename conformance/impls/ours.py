@@ -366,6 +366,19 @@ class ShardspecImpl(Impl):
 
         return run_refit(pool, "refit.shardspec", recipe, rounds, src, dst, example)
 
+    def packed_layout(
+        self,
+        shape: tuple[int, ...],
+        dim: int,
+        part_sizes: list[int],
+        ranks: list[int],
+        unit: int,
+        replicate: tuple[int, ...],
+    ) -> Layout:
+        from shardspec.refit import packed_layout
+
+        return packed_layout(shape, dim, part_sizes, ranks, unit, replicate=replicate)
+
     def refit_refused(
         self,
         pool: Any,

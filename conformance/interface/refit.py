@@ -58,3 +58,19 @@ class Refit(Adapter):
         ``fault["name"]`` renamed. Per rank ``{"error": the message of the RefitError it
         raised, or None, "untouched": whether its out= tensors hold only 0xA5}``."""
         raise self.unsupported("refit's refusals before data moves")
+
+    def packed_layout(
+        self,
+        shape: tuple[int, ...],
+        dim: int,
+        part_sizes: list[int],
+        ranks: list[int],
+        unit: int,
+        replicate: tuple[int, ...],
+    ) -> Layout:
+        """REFIT-3: the serving layout of a tensor packed from parts of ``part_sizes`` along
+        ``dim`` under tensor parallelism over ``ranks``, as the implementation lays it out
+        (vLLM's ``QKVParallelLinear`` / ``MergedColumnParallelLinear``): each rank's chunk of
+        each part in whole ``unit``-element units, in part order; the parts in ``replicate``
+        with fewer units than ranks replicated as vLLM replicates KV heads."""
+        raise self.unsupported("packed serving layouts")

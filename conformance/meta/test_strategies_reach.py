@@ -33,6 +33,7 @@ from conformance.strategies.grids import (
     scale_worlds,
 )
 from conformance.strategies.json import FAULTS, malformed_layout_json
+from conformance.strategies.refit import refit_cases
 from conformance.strategies.streams import flatten_cases, reshard_cases, state_dict_cases
 from shardspec.metadata import Layout
 
@@ -579,3 +580,22 @@ def test_replica_cases_reach_the_last_owner_the_last_key_and_high_bytes() -> Non
         ),
         "the last element of a box of several",
     )
+
+
+def _kv_replicated(case: dict[str, Any]) -> bool:
+    """A qkv_proj whose KV head (a non-empty box) more than one serving rank holds."""
+    for name, layout in case["dst"].items():
+        if name.endswith("qkv_proj.weight"):
+            owners: dict[Any, set[int]] = {}
+            for s in layout.shards:
+                if s.box.numel:
+                    owners.setdefault(s.box, set()).add(s.rank)
+            if any(len(ranks) > 1 for ranks in owners.values()):
+                return True
+    return False
+
+
+def test_refit_cases_reach_kv_heads_replicated_over_a_larger_tp() -> None:
+    """vLLM's layout when the TP degree exceeds the KV heads (REFIT-3): the drawn refits
+    reach it, so a refit that drops or misplaces a replica of a KV head is caught."""
+    reaches(refit_cases(), _kv_replicated, "a qkv_proj with a KV head on several ranks")

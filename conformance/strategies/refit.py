@@ -133,7 +133,11 @@ def _serving_layout(name: str, shape: tuple[int, ...], m: Model, ranks: list[int
     unit = m.block[0] if m.block else 1
     q, kv = m.gqa * m.kv_heads * m.head_dim, m.kv_heads * m.head_dim
     if name.endswith("qkv_proj.weight"):
-        return packed_layout(shape, 0, [q, kv, kv], ranks, m.head_dim)
+        # vLLM replicates KV heads over a TP degree above them that they divide (and refuses
+        # one they do not divide: that one keeps the chunk rule's empty chunks, REFIT-3)
+        n = len(ranks)
+        rep = (1, 2) if m.kv_heads < n and n % m.kv_heads == 0 else ()
+        return packed_layout(shape, 0, [q, kv, kv], ranks, m.head_dim, replicate=rep)
     if name.endswith("gate_up_proj.weight"):
         return packed_layout(shape, 0, [m.inter, m.inter], ranks, unit)
     if name.endswith(("o_proj.weight", "down_proj.weight")):
@@ -400,3 +404,35 @@ def tp_reshard_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
     )
     return {"world": world, "recipe": recipe(targets), "rounds": rounds, "src": src, "dst": dst,
             "ex": ex}  # fmt: skip
+
+
+@st.composite
+def packed_layout_cases(draw: st.DrawFn) -> dict[str, Any]:
+    """Arguments of a packed serving layout (REFIT-3): q/k/v of drawn GQA ratios and KV heads
+    (replicated where vLLM replicates them: fewer than the ranks, dividing them) or any 1-4
+    parts (empty ones too), in units of 1-3 elements, packed along any dim of a 1-3-D tensor
+    whose other dims may be 0, over 1-6 ranks named anywhere below 512, in a drawn order."""
+    unit = draw(st.integers(1, 3), label="unit")
+    n = draw(st.integers(1, 6), label="tp")
+    ranks = draw(st.lists(st.integers(0, 511), min_size=n, max_size=n, unique=True))
+    if draw(st.booleans(), label="qkv"):
+        kv = draw(st.integers(1, 4), label="kv_heads")
+        q = kv * draw(st.integers(1, 8), label="gqa")
+        parts = [q * unit, kv * unit, kv * unit]
+        replicate: tuple[int, ...] = (1, 2) if kv < n and n % kv == 0 else ()
+    else:
+        parts = [u * unit for u in draw(st.lists(st.integers(0, 8), min_size=1, max_size=4))]
+        replicate = tuple(
+            p
+            for p, size in enumerate(parts)
+            if (size // unit >= n or n % max(1, size // unit) == 0) and draw(st.booleans())
+        )
+    ndim = draw(st.integers(1, 3), label="ndim")
+    dim = draw(st.integers(0, ndim - 1), label="dim")
+    shape = tuple(sum(parts) if d == dim else draw(st.integers(0, 3)) for d in range(ndim))
+    ex = (
+        f"packed_layout(shape={shape}, dim={dim}, part_sizes={parts}, ranks={ranks}, "
+        f"unit={unit}, replicate={replicate})"
+    )
+    return {"shape": shape, "dim": dim, "parts": parts, "ranks": ranks, "unit": unit,
+            "replicate": replicate, "ex": ex}  # fmt: skip

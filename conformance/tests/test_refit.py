@@ -16,11 +16,13 @@ from typing import Any
 import pytest
 from hypothesis import example, given, settings
 
+from conformance import reference as oracle
 from conformance.assertions import assert_equal, assert_tensor_bitwise
 from conformance.cases import case
 from conformance.impls import Impl
 from conformance.strategies.refit import (
     Model,
+    packed_layout_cases,
     refit_case,
     refit_cases,
     refusal_cases,
@@ -72,6 +74,38 @@ def test_every_serving_rank_holds_the_references_bytes(
         answers = impl.refit(pools(c["world"]), c["recipe"], c["rounds"], c["src"], c["dst"],
                              example=c["ex"])  # fmt: skip
         _check_rounds(c, answers)
+
+
+# vLLM's QKVParallelLinear at TP 4 over 8 query heads and 2 KV heads of 2 rows, on ranks
+# above 255 in a shuffled order: ranks 300 and 7 share KV head 0, 511 and 256 head 1.
+KV_REPLICAS = {"shape": (24, 3), "dim": 0, "parts": [16, 4, 4], "ranks": [300, 7, 511, 256],
+               "unit": 2, "replicate": (1, 2),
+               "ex": "packed_layout((24, 3), 0, [16, 4, 4], [300, 7, 511, 256], 2, "
+                     "replicate=(1, 2))"}  # fmt: skip
+
+
+@pytest.mark.rule("REFIT-3")
+@given(packed_layout_cases())
+@example(KV_REPLICAS)
+def test_a_packed_tensor_is_each_ranks_chunk_of_each_part_or_its_kv_replica(
+    impl: Impl, c: dict[str, Any]
+) -> None:
+    """Every rank's boxes, in local order: its chunk of each part along the packed dim (or
+    the KV head vLLM gives it), whole along every other dim (REFIT-3)."""
+    ex, shape, dim = c["ex"], c["shape"], c["dim"]
+    with case():
+        got = impl.packed_layout(shape, dim, c["parts"], c["ranks"], c["unit"], c["replicate"])
+    assert_equal("shape", tuple(got.shape), tuple(shape), ex, "REFIT-3")
+    want = oracle.packed_rows(c["parts"], c["unit"], len(c["ranks"]), c["replicate"])
+    for rank, rows in zip(c["ranks"], want):
+        boxes = got.boxes_of(rank)
+        have = [(b.offsets[dim], b.stops[dim]) for b in boxes]
+        assert_equal(f"rank{rank}.rows", have, rows, ex, "REFIT-3")
+        for k, b in enumerate(boxes):
+            whole = [(b.offsets[d], b.sizes[d]) for d in range(len(shape)) if d != dim]
+            full = [(0, n) for d, n in enumerate(shape) if d != dim]
+            assert_equal(f"rank{rank}.box{k}.other_dims", whole, full, ex, "REFIT-3")
+    assert_equal("ranks", sorted(got.ranks), sorted(c["ranks"]), ex, "REFIT-3")
 
 
 def _check_rounds(c: dict[str, Any], answers: list[list[dict[str, list[Any]]]]) -> None:

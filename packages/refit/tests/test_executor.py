@@ -12,6 +12,7 @@ from refit_cases import Case, check, geometric_cases, run_engine, run_refit, run
 
 from shardspec.metadata import Layout, chunk_layout
 from shardspec.refit import (
+    RefitError,
     Target,
     concat,
     packed_layout,
@@ -39,15 +40,23 @@ def run(pool: RankPool, case: Case) -> list[object]:
     return pool.call(run_refit, per_rank=[case.args(r) for r in range(WORLD)])
 
 
-def gqa_case(tp: list[int], train: list[int], dtype: torch.dtype = torch.float32) -> Case:
-    """q of 7 heads, k and v of 2 (head_dim 2, hidden 3): uneven under TP 2 and TP 3."""
+def gqa_case(
+    tp: list[int],
+    train: list[int],
+    dtype: torch.dtype = torch.float32,
+    heads: tuple[int, int] = (7, 2),
+    replicate: tuple[int, ...] = (),
+) -> Case:
+    """q of 7 heads, k and v of 2 (head_dim 2, hidden 3): uneven under TP 2 and TP 3.
+    ``heads``: other (q, kv) head counts; ``replicate``: packed_layout's, for KV heads."""
     hd, hidden = 2, 3
-    sizes = {"q": 7 * hd, "k": 2 * hd, "v": 2 * hd}
+    sizes = {"q": heads[0] * hd, "k": heads[1] * hd, "v": heads[1] * hd}
     full = {n: random_tensor((s, hidden), dtype, i) for i, (n, s) in enumerate(sizes.items())}
     r = recipe([Target("qkv", concat(["q", "k", "v"], 0))])
     src = {n: chunk_layout(t.shape, 0, train) for n, t in full.items()}
-    dst = {"qkv": packed_layout((sum(sizes.values()), hidden), 0, list(sizes.values()), tp, hd)}
-    return Case(f"gqa tp={tp} train={train}", r, full, src, dst)
+    shape = (sum(sizes.values()), hidden)
+    dst = {"qkv": packed_layout(shape, 0, list(sizes.values()), tp, hd, replicate=replicate)}
+    return Case(f"gqa tp={tp} train={train} heads={heads} replicate={replicate}", r, full, src, dst)
 
 
 @pytest.mark.rule("REFIT-2", "REFIT-3", "REFIT-14")
@@ -60,6 +69,20 @@ def test_packed_gqa_qkv_under_tp_matches_the_reference(
 ) -> None:
     """TP 2 and 3 with uneven heads per rank; disjoint, overlapping and colocated sides."""
     case = gqa_case(tp, train)
+    check(case, run(pool, case), WORLD)
+
+
+@pytest.mark.rule("REFIT-2", "REFIT-3", "REFIT-14")
+@pytest.mark.parametrize(
+    ("tp", "train", "heads"),
+    [([0, 1, 2, 3], [0, 1], (4, 1)), ([3, 2, 1, 0], [1, 2, 3], (8, 2)), ([2, 3], [0], (2, 1))],
+)
+def test_kv_heads_fewer_than_tp_are_replicated_as_vllm_replicates_them(
+    pool: RankPool, tp: list[int], train: list[int], heads: tuple[int, int]
+) -> None:
+    """TP 4 over 1 and 2 KV heads, TP 2 over 1: every serving rank gets its KV heads' copy,
+    each from the one training rank that holds it (a replicated destination)."""
+    case = gqa_case(tp, train, heads=heads, replicate=(1, 2))
     check(case, run(pool, case), WORLD)
 
 
@@ -96,6 +119,29 @@ def test_the_packed_layout_holds_each_ranks_chunk_of_each_part_in_part_order() -
         6: [(6, 12), (16, 18), (20, 22)],
         7: [(12, 14), (18, 18), (22, 22)],
     }
+
+
+@pytest.mark.rule("REFIT-3")
+def test_replicated_kv_heads_follow_vllms_shard_id_by_hand() -> None:
+    """vLLM's QKVParallelLinear at TP 4 over 8 query heads and 2 KV heads (head_dim 1):
+    ``num_kv_head_replicas = 4 // 2``, and rank r loads KV head ``r // 2``; q stays chunked.
+    With 3 KV heads over TP 4 vLLM refuses the TP degree, and so does the layout."""
+    layout = packed_layout((12, 1), 0, [8, 2, 2], [0, 1, 2, 3], 1, replicate=(1, 2)).validate()
+    rows = {r: [(b.offsets[0], b.stops[0]) for b in layout.boxes_of(r)] for r in range(4)}
+    assert rows == {
+        0: [(0, 2), (8, 9), (10, 11)],
+        1: [(2, 4), (8, 9), (10, 11)],
+        2: [(4, 6), (9, 10), (11, 12)],
+        3: [(6, 8), (9, 10), (11, 12)],
+    }
+    # as many KV heads as ranks or more: chunked as without replicate
+    assert packed_layout((12, 1), 0, [4, 4, 4], [0, 1, 2, 3], replicate=(1, 2)) == packed_layout(
+        (12, 1), 0, [4, 4, 4], [0, 1, 2, 3]
+    )
+    with pytest.raises(RefitError, match=r"part 1 has 3 units of 1 over 4 ranks"):
+        packed_layout((14, 1), 0, [8, 3, 3], [0, 1, 2, 3], replicate=(1, 2))
+    with pytest.raises(RefitError, match=r"replicate names parts \[3\]"):
+        packed_layout((12, 1), 0, [8, 2, 2], [0, 1, 2, 3], replicate=(3,))
 
 
 @pytest.mark.rule("REFIT-4", "REFIT-14")

@@ -3,7 +3,7 @@ per rank in local storage order (REFIT-3), and FP8 scales follow their weight's 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 from shardspec.metadata import Box, Layout, Shard, chunk_bounds
@@ -22,23 +22,47 @@ def packed_layout(
     part_sizes: Sequence[int],
     ranks: Sequence[int],
     unit: int = 1,
+    *,
+    replicate: Collection[int] = (),
 ) -> Layout:
     """Tensor parallelism over ``ranks`` of a tensor packed from parts of ``part_sizes`` along
     ``dim``: the ``i``-th rank holds chunk ``i`` (the ``torch.chunk`` rule, in whole units of
     ``unit`` elements: heads of ``head_dim`` rows stay whole) of each part, in part order.
-    vLLM's ``QKVParallelLinear`` / ``MergedColumnParallelLinear`` layout."""
+    vLLM's ``QKVParallelLinear`` / ``MergedColumnParallelLinear`` layout.
+
+    ``replicate``: indices of parts that, holding fewer units than there are ranks, are
+    replicated instead of chunked, as vLLM replicates KV heads when the TP degree exceeds
+    them: with ``u`` units over ``n`` ranks (``n`` a multiple of ``u``), rank ``i`` holds
+    unit ``i * u // n`` (REFIT-3). Such a part with as many units as ranks or more is
+    chunked as any other."""
     shape = tuple(shape)
     if sum(part_sizes) != shape[dim]:
         raise RefitError(f"parts {list(part_sizes)} do not add up to dim {dim} of {shape}")
+    bad = [p for p in replicate if not isinstance(p, int) or not 0 <= p < len(part_sizes)]
+    if bad:
+        raise RefitError(f"replicate names parts {bad}, not among the {len(part_sizes)} parts")
+    n = len(ranks)
+    for p, size in enumerate(part_sizes):
+        if size % unit:
+            raise RefitError(f"a part of {size} elements is not whole units of {unit}")
+        units = size // unit
+        if p in replicate and 0 < units < n and n % units:
+            raise RefitError(
+                f"part {p} has {units} units of {unit} over {n} ranks: replicating it needs "
+                f"the ranks to be a multiple of its units (vLLM refuses this TP degree too)"
+            )
     shards = []
     for i, r in enumerate(ranks):
         at = 0
-        for size in part_sizes:
-            if size % unit:
-                raise RefitError(f"a part of {size} elements is not whole units of {unit}")
-            lo, hi = chunk_bounds(size // unit, len(ranks))[i]
+        for p, size in enumerate(part_sizes):
+            units = size // unit
+            if p in replicate and 0 < units < n:
+                lo = i * units // n
+                hi = lo + 1
+            else:
+                lo, hi = chunk_bounds(units, n)[i]
             offs = tuple(at + lo * unit if d == dim else 0 for d in range(len(shape)))
-            sizes = tuple((hi - lo) * unit if d == dim else n for d, n in enumerate(shape))
+            sizes = tuple((hi - lo) * unit if d == dim else n_ for d, n_ in enumerate(shape))
             shards.append(Shard(Box(offs, sizes), r))
             at += size
     return Layout(shape, shards)

@@ -17,9 +17,10 @@ import pytest
 from hypothesis import example, given, settings
 
 from conformance import reference as oracle
-from conformance.assertions import assert_equal, assert_tensor_bitwise
+from conformance.assertions import assert_equal, assert_tensor_bitwise, fail
 from conformance.cases import case
 from conformance.impls import Impl
+from conformance.interface import Unsupported
 from conformance.strategies.refit import (
     Model,
     packed_layout_cases,
@@ -95,17 +96,40 @@ def test_a_packed_tensor_is_each_ranks_chunk_of_each_part_or_its_kv_replica(
     ex, shape, dim = c["ex"], c["shape"], c["dim"]
     with case():
         got = impl.packed_layout(shape, dim, c["parts"], c["ranks"], c["unit"], c["replicate"])
-    assert_equal("shape", tuple(got.shape), tuple(shape), ex, "REFIT-3")
-    want = oracle.packed_rows(c["parts"], c["unit"], len(c["ranks"]), c["replicate"])
-    for rank, rows in zip(c["ranks"], want):
-        boxes = got.boxes_of(rank)
-        have = [(b.offsets[dim], b.stops[dim]) for b in boxes]
-        assert_equal(f"rank{rank}.rows", have, rows, ex, "REFIT-3")
-        for k, b in enumerate(boxes):
-            whole = [(b.offsets[d], b.sizes[d]) for d in range(len(shape)) if d != dim]
-            full = [(0, n) for d, n in enumerate(shape) if d != dim]
-            assert_equal(f"rank{rank}.box{k}.other_dims", whole, full, ex, "REFIT-3")
-    assert_equal("ranks", sorted(got.ranks), sorted(c["ranks"]), ex, "REFIT-3")
+        assert_equal("shape", tuple(got.shape), tuple(shape), ex, "REFIT-3")
+        want = oracle.packed_rows(c["parts"], c["unit"], len(c["ranks"]), c["replicate"])
+        for rank, rows in zip(c["ranks"], want):
+            boxes = got.boxes_of(rank)
+            have = [(b.offsets[dim], b.stops[dim]) for b in boxes]
+            assert_equal(f"rank{rank}.rows", have, rows, ex, "REFIT-3")
+            for k, b in enumerate(boxes):
+                whole = [(b.offsets[d], b.sizes[d]) for d in range(len(shape)) if d != dim]
+                full = [(0, n) for d, n in enumerate(shape) if d != dim]
+                assert_equal(f"rank{rank}.box{k}.other_dims", whole, full, ex, "REFIT-3")
+        assert_equal("ranks", sorted(got.ranks), sorted(c["ranks"]), ex, "REFIT-3")
+
+
+@pytest.mark.rule("REFIT-3")
+@pytest.mark.parametrize(
+    ("parts", "replicate", "named"),
+    [([8, 3, 3], (1, 2), "part 1"), ([8, 2, 2], (3,), "[3]"), ([8, 2, 2], (-1,), "[-1]")],
+)
+def test_a_packed_layout_vllm_would_refuse_is_refused_naming_the_part(
+    impl: Impl, parts: list[int], replicate: tuple[int, ...], named: str
+) -> None:
+    """3 KV heads over TP 4 (vLLM refuses the degree), a part to replicate that is not
+    there: an error that names the part, never a layout."""
+    ex = f"packed_layout(({sum(parts)}, 1), 0, {parts}, [0, 1, 2, 3], 1, replicate={replicate})"
+    with case():
+        try:
+            got = impl.packed_layout((sum(parts), 1), 0, parts, [0, 1, 2, 3], 1, replicate)
+        except Unsupported:
+            raise
+        except Exception as e:  # the adapter's own error type: its words are what count
+            message = str(e)
+        else:
+            fail("packed_layout", got, f"an error naming {named}", ex, "REFIT-3")
+        assert_equal(f"{named!r} in the error", named in message, True, ex, "REFIT-3")
 
 
 def _check_rounds(c: dict[str, Any], answers: list[list[dict[str, list[Any]]]]) -> None:

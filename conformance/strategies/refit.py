@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 PLACEMENTS = ("colocated", "disjoint", "overlapping")
-TRAINING = ("fsdp", "fsdp_tp", "uneven")
+TRAINING = ("fsdp", "fsdp_tp", "uneven", "fsdp_pp")
 
 
 @dataclass(frozen=True)
@@ -103,9 +103,26 @@ class Model:
         )
 
 
-def _training_layout(shape: tuple[int, ...], kind: str, ranks: list[int], cuts: Any) -> Layout:
+def pipeline_stage(name: str, layers: int, stages: int) -> int:
+    """The pipeline stage holding source ``name``: layer ``i`` on stage ``i * stages //
+    layers`` (consecutive layers a stage), the embedding on the first, the final norm and
+    ``lm_head`` on the last."""
+    if ".layers." in name:
+        return int(name.split(".layers.")[1].split(".")[0]) * stages // layers
+    return 0 if "embed_tokens" in name else stages - 1
+
+
+def _training_layout(
+    shape: tuple[int, ...], kind: str, ranks: list[int], cuts: Any, name: str = "", layers: int = 1
+) -> Layout:
     """FSDP's dim-0 chunks; FSDP x TP (TP's chunks of dim 1 inside FSDP's of dim 0, on a
-    mesh of the training ranks); or uneven cuts of dim 0 (one range a rank, some empty)."""
+    mesh of the training ranks); uneven cuts of dim 0 (one range a rank, some empty); or
+    FSDP x PP (two stages of the training ranks, the second the larger when they are odd;
+    each tensor in FSDP's chunks over its stage's ranks only: :func:`pipeline_stage`)."""
+    if kind == "fsdp_pp" and len(ranks) > 1:
+        half = len(ranks) // 2
+        stage = pipeline_stage(name, layers, 2)
+        return chunk_layout(shape, 0, ranks[:half] if stage == 0 else ranks[half:])
     if kind == "fsdp_tp" and len(shape) == 2 and len(ranks) > 1:
         tp = 2 if len(ranks) % 2 == 0 else len(ranks)
         fsdp = len(ranks) // tp
@@ -168,7 +185,7 @@ def refit_case(
         {n: random_tensor(s, dtype, seed * 1000 + i) for i, (n, s) in enumerate(shapes.items())}
         for seed in seeds
     ]
-    src = {n: _training_layout(s, training, train, cuts) for n, s in shapes.items()}
+    src = {n: _training_layout(s, training, train, cuts, n, m.layers) for n, s in shapes.items()}
     dst = {}
     for t in recipe.targets:
         e = t.quantize.part if t.quantize is not None else t.expr  # geometry takes no value step

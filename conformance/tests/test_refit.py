@@ -1,13 +1,14 @@
 """Refit (spec/10-refit.md): small Llama-like and Mixtral-like models through the built-in
-recipes, from drawn training layouts into drawn serving layouts on 1 to 4 ranks (colocated,
-disjoint, overlapping, idle ranks), in float32, bfloat16 and FP8 blocks, refit once or twice
-with new values; every destination rank's tensors against ``shardspec.refit.reference``, bit
-for bit, written into the caller's tensors. Megatron-Core's home ground too: the same
-parameters (renamed or not) from one even TP x DP x PP grid into another, packed parts split
-independently, whole parameters replicated. And the refusals: one rank passing a source box of
-the wrong shape, leaving a source out, holding another destination layout or another recipe
-makes every rank raise the same RefitError, naming the tensor, with every out= tensor
-untouched."""
+recipes, from drawn training layouts (FSDP, FSDP x TP, uneven, FSDP x PP) into drawn serving
+layouts on 1 to 4 ranks (colocated, disjoint, overlapping, idle ranks; KV heads replicated
+where TP exceeds them), in float32, bfloat16 and FP8 blocks, refit once or twice with new
+values; every destination rank's tensors against ``shardspec.refit.reference``, bit for bit,
+written into the caller's tensors. Packed serving layouts themselves against the oracle's
+rows. Megatron-Core's home ground too: the same parameters (renamed or not) from one even
+TP x DP x PP grid into another, packed parts split independently, whole parameters
+replicated. And the refusals: one rank passing a source box of the wrong shape, leaving a
+source out, holding another destination layout or another recipe makes every rank raise the
+same RefitError, naming the tensor, with every out= tensor untouched."""
 
 from __future__ import annotations
 
@@ -59,6 +60,15 @@ FP8_TWICE = refit_case(
 )  # fmt: skip
 
 
+# Two pipeline stages of 2 training ranks each (layer 0 and the embedding on ranks 0-1, layer
+# 1, the final norm and lm_head on 2-3), colocated with TP 4 serving over 2 KV heads (each
+# replicated on 2 ranks), refit twice: PP's "stale after the second sync" ground.
+PP2_TWICE = refit_case(
+    Model(layers=2, kv_heads=2, gqa=2), 4, [0, 1, 2, 3], [0, 1, 2, 3], "fsdp_pp",
+    seeds=(3, 4), placement="colocated",
+)  # fmt: skip
+
+
 @pytest.mark.rule("REFIT-2", "REFIT-3", "REFIT-4", "REFIT-5", "REFIT-7", "REFIT-13", "REFIT-14",
                   "REFIT-15")  # fmt: skip
 @pytest.mark.pool
@@ -66,6 +76,7 @@ FP8_TWICE = refit_case(
 @given(refit_cases())
 @example(GQA_TP2)
 @example(FP8_TWICE)
+@example(PP2_TWICE)
 def test_every_serving_rank_holds_the_references_bytes(
     impl: Impl, pools: Any, c: dict[str, Any]
 ) -> None:

@@ -301,28 +301,7 @@ def run_tests(session: nox.Session, paths: list[str]) -> None:
     _, rest = split_args(session)
     # Tests marked slow (an 8-rank world, say) run in `nox -s slow`; a `-m` of your own wins.
     select = [] if "-m" in rest else ["-m", "not slow"]
-    run_pytest(stack, *paths, *select, *xdist_args(rest), *rest)
-
-
-def xdist_args(rest: list[str]) -> list[str]:
-    """pytest-xdist's arguments for the package tests: SHARDSPEC_TEST_WORKERS processes (by
-    default 2, or 1 on a 1-core machine), each test file whole on one of them. Half the tests
-    wait on something (ranks starting, importing torch, meeting in a collective, a pool
-    restarting after the crash it tests), so two files at once fill the cores where one
-    left them a third idle: on this 2-core machine the 1,667 tests of `tests` took 11.5 min
-    so, where the fifth clean-clone run took 25.7 min for them one at a time. Whole files,
-    because a file's worlds are module fixtures that every test of the file reads (run once,
-    not once a worker). Not more by default: every worker's tests start worlds of up to 8
-    ranks, each process importing torch. `-n`/`-p no:xdist` of your own win; 0 or 1 runs
-    them in one."""
-    if any(a in ("-n", "--numprocesses", "no:xdist") or a.startswith("-n") for a in rest):
-        return []
-    raw = os.environ.get("SHARDSPEC_TEST_WORKERS", "")
-    try:
-        workers = int(raw) if raw else min(2, os.cpu_count() or 1)
-    except ValueError:
-        raise SystemExit(f"SHARDSPEC_TEST_WORKERS={raw!r}: not a number of processes") from None
-    return ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
+    run_pytest(stack, *paths, *select, *rest)
 
 
 # The tests whose outcome can change with torch's release: those that call upstream's

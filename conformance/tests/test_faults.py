@@ -77,6 +77,7 @@ BAD_INPUTS = [
 
 
 @needs_shardspec
+@pytest.mark.own_world
 @pytest.mark.rule("RESHARD-5", "RESHARD-10")
 def test_bad_input_on_one_live_rank_raises_on_every_rank_within_30_s(impl: Impl) -> None:
     _ours(impl)
@@ -105,6 +106,7 @@ def test_bad_input_on_one_live_rank_raises_on_every_rank_within_30_s(impl: Impl)
 
 
 @needs_shardspec
+@pytest.mark.own_world
 @pytest.mark.rule("RESHARD-11")
 def test_a_rank_killed_mid_reshard_makes_every_survivor_raise_within_30_s(impl: Impl) -> None:
     _ours(impl)
@@ -137,6 +139,7 @@ def _check_many(calls: int, warmup: int, deadline: float) -> list[dict[str, Any]
 
 
 @needs_shardspec
+@pytest.mark.own_world
 @pytest.mark.rule("RESHARD-11")
 def test_a_few_hundred_reshards_in_a_row_stay_correct_and_open_no_descriptors(impl: Impl) -> None:
     _ours(impl)
@@ -146,6 +149,7 @@ def test_a_few_hundred_reshards_in_a_row_stay_correct_and_open_no_descriptors(im
 
 
 @needs_shardspec
+@pytest.mark.own_world
 @pytest.mark.slow  # minutes of two ranks on a shared 2-core machine
 @pytest.mark.rule("RESHARD-11")
 def test_ten_thousand_small_reshards_grow_neither_memory_nor_file_descriptors(impl: Impl) -> None:
@@ -179,6 +183,7 @@ def _check_peak(total: int, budget: int) -> None:
 
 
 @needs_shardspec
+@pytest.mark.own_world
 @pytest.mark.rule("RESHARD-6", "RESHARD-11")
 def test_state_dict_through_a_small_buffer_peak_rss_under_output_plus_two_buffers(
     impl: Impl,
@@ -188,6 +193,7 @@ def test_state_dict_through_a_small_buffer_peak_rss_under_output_plus_two_buffer
 
 
 @needs_shardspec
+@pytest.mark.own_world
 @pytest.mark.slow
 @pytest.mark.rule("RESHARD-6", "RESHARD-11")
 def test_2_gib_state_dict_through_64_mib_peak_rss_under_output_plus_two_buffers(impl: Impl) -> None:

@@ -23,11 +23,14 @@ TIMEOUT = 120.0
 
 # The worlds build CPU meshes (init_device_mesh("cpu")) on fresh gloo ranks whatever the
 # suite's backend is: under the GPU phases they would repeat the CPU run, not test a device path.
-pytestmark = pytest.mark.skipif(
-    device_type() != "cpu",
-    reason=f"the FSDP + TP model runs are 4 gloo ranks on CPU; under SHARDSPEC_BACKEND="
-    f"{backend()} on {device_type()} they would only repeat nox -s conformance's CPU run",
-)
+pytestmark = [
+    pytest.mark.own_world,
+    pytest.mark.skipif(
+        device_type() != "cpu",
+        reason=f"the FSDP + TP model runs are 4 gloo ranks on CPU; under SHARDSPEC_BACKEND="
+        f"{backend()} on {device_type()} they would only repeat nox -s conformance's CPU run",
+    ),
+]
 
 
 def _check(results: dict[int, tuple[str, Any]], keys: tuple[str, ...]) -> None:

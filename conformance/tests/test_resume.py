@@ -19,11 +19,14 @@ from shardspec.testing import backend, device_type
 WORLD = 4
 TIMEOUT = 300.0
 
-pytestmark = pytest.mark.skipif(
-    device_type() != "cpu",
-    reason=f"the resume worlds are 4 gloo ranks on CPU; under SHARDSPEC_BACKEND={backend()} "
-    f"on {device_type()} they would only repeat nox -s conformance's CPU run",
-)
+pytestmark = [
+    pytest.mark.own_world,
+    pytest.mark.skipif(
+        device_type() != "cpu",
+        reason=f"the resume worlds are 4 gloo ranks on CPU; under SHARDSPEC_BACKEND={backend()} "
+        f"on {device_type()} they would only repeat nox -s conformance's CPU run",
+    ),
+]
 
 resumes = st.lists(
     st.tuples(

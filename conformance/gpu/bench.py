@@ -339,12 +339,13 @@ def packers(
     in_splits = schedule.windows(send_q, sends.send_len, 0)
     out_splits = schedule.windows(recv_q, recvs.recv_len, 0)
     buf = torch.empty(sum(in_splits), dtype=torch.uint8, device=dev)
+    peers = list(range(world))
 
     def pack() -> None:
-        ex._walk_round(sends.sends, [0] * world, send_q, in_splits, 0, buf, pack=True)
+        ex._walk_round(sends.sends, [0] * world, send_q, in_splits, 0, buf, peers, pack=True)
 
     def unpack() -> None:
-        ex._walk_round(recvs.recvs, [0] * world, recv_q, out_splits, 0, buf, pack=False)
+        ex._walk_round(recvs.recvs, [0] * world, recv_q, out_splits, 0, buf, peers, pack=False)
 
     def check() -> bool:
         pack()

@@ -24,6 +24,7 @@ from shardspec.reshard.schedule import (
     buffer_bytes,
     contiguous_span,
     local_stream,
+    peers_of,
     piece_bytes,
     quotas,
     round_cuts,
@@ -264,6 +265,8 @@ def test_rounds_keep_each_buffer_within_the_bound_and_windows_cover_each_stream_
     moved = [0] * world
     for t in range(rounds + 1):
         w = windows(q, lengths, t)
+        sparse = windows(q, lengths, t, peers_of(lengths))
+        assert sparse == w, f"round {t}: over the non-empty streams {sparse}, over all {w}"
         assert sum(w) <= buffer_bytes(q, lengths), f"round {t} moves {sum(w)}, buffer smaller"
         for i, n in enumerate(w):
             if n:
@@ -292,10 +295,15 @@ def test_round_cuts_hold_every_element_once_at_its_wire_position(
             continue
         q = quotas(lengths, rounds)
         ptr = [0] * case.world
+        sparse_ptr = [0] * case.world
+        peers = peers_of(lengths)
         done: dict[int, int] = {}  # id(entry) -> elements cut so far
         for t in range(rounds):
             splits = windows(q, lengths, t)
             cuts = round_cuts(streams, ptr, q, splits, t)
+            # The executor's way: only the non-empty streams looked at, the same cuts.
+            sparse = round_cuts(streams, sparse_ptr, q, splits, t, peers)
+            assert sparse == cuts, f"rank {r} round {t}: over {peers} {sparse}, over all {cuts}"
             # Expected from scratch: every entry's bytes inside each peer's window, peer after
             # peer, at the window's place in the buffer.
             want = []

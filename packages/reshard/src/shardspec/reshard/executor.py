@@ -75,6 +75,7 @@ from .schedule import (
     buffer_bytes,
     contiguous_span,
     local_stream,
+    peers_of,
     quotas,
     round_cuts,
     stream_len,
@@ -543,11 +544,12 @@ def _exchange(
     recv_buf = _wire_buffer(recv_span, recv_q, recv_len, dev, "recv")
     send_ptr = [0] * world
     recv_ptr = [0] * world
+    send_peers, recv_peers = peers_of(send_len), peers_of(recv_len)
     for t in range(rounds):
-        in_splits = windows(send_q, send_len, t)
-        out_splits = windows(recv_q, recv_len, t)
+        in_splits = windows(send_q, send_len, t, send_peers)
+        out_splits = windows(recv_q, recv_len, t, recv_peers)
         if send_span is None:
-            _walk_round(sends, send_ptr, send_q, in_splits, t, send_buf, pack=True)
+            _walk_round(sends, send_ptr, send_q, in_splits, t, send_buf, send_peers, pack=True)
         dist.all_to_all_single(
             recv_buf[: sum(out_splits)],
             send_buf[: sum(in_splits)],
@@ -556,7 +558,7 @@ def _exchange(
             group=group,
         )
         if recv_span is None:
-            _walk_round(recvs, recv_ptr, recv_q, out_splits, t, recv_buf, pack=False)
+            _walk_round(recvs, recv_ptr, recv_q, out_splits, t, recv_buf, recv_peers, pack=False)
     if scratch is not None:
         # Only now: until the last round the local pieces' place held the packed sends.
         _copy_local(jobs, rank)
@@ -595,12 +597,13 @@ def _walk_round(
     splits: list[int],
     t: int,
     buf: torch.Tensor,
+    peers: list[int],
     *,
     pack: bool,
 ) -> None:
     """Round ``t``: pack each peer's next ``splits[peer]`` wire bytes into ``buf`` (or unpack
     them from it), peer after peer; ``ptr`` keeps each peer's place in its pieces."""
-    for e, e0, e1, pos in round_cuts(pieces, ptr, quota, splits, t):
+    for e, e0, e1, pos in round_cuts(pieces, ptr, quota, splits, t, peers):
         _copy_range(e, e0, e1, buf, pos, pack=pack)
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "contiguous_span",
     "local_stream",
     "pair_streams",
+    "peers_of",
     "piece_bytes",
     "quotas",
     "round_cuts",
@@ -173,10 +174,26 @@ def quotas(lengths: Sequence[int], rounds: int) -> list[int]:
     return [align(-(-n // rounds)) for n in lengths]
 
 
-def windows(quota: Sequence[int], lengths: Sequence[int], t: int) -> list[int]:
+def windows(
+    quota: Sequence[int], lengths: Sequence[int], t: int, peers: Sequence[int] | None = None
+) -> list[int]:
     """The bytes of each stream that round ``t`` moves: ``[t * q, (t + 1) * q)`` of it, cut
-    at its end."""
-    return [max(0, min((t + 1) * qi, n) - t * qi) for qi, n in zip(quota, lengths)]
+    at its end. ``peers``, when given, lists every stream that is not empty (:func:`peers_of`):
+    only those are looked at, since a rank of a large world has a few peers among thousands of
+    ranks and every round would otherwise cost a pass over all of them."""
+    if peers is None:
+        return [max(0, min((t + 1) * qi, n) - t * qi) for qi, n in zip(quota, lengths)]
+    out = [0] * len(lengths)
+    for i in peers:
+        lo = t * quota[i]
+        if lo < lengths[i]:
+            out[i] = min(lo + quota[i], lengths[i]) - lo
+    return out
+
+
+def peers_of(lengths: Sequence[int]) -> list[int]:
+    """The streams of ``lengths`` that are not empty, in rank order."""
+    return [i for i, n in enumerate(lengths) if n]
 
 
 def buffer_bytes(quota: Sequence[int], lengths: Sequence[int]) -> int:
@@ -190,13 +207,19 @@ def round_cuts(
     quota: Sequence[int],
     splits: Sequence[int],
     t: int,
+    peers: Sequence[int] | None = None,
 ) -> list[Cut[J]]:
     """Round ``t``'s buffer: each peer's next ``splits[peer]`` stream bytes, peer after peer,
     as the element ranges of the entries they hold. ``ptr`` keeps each peer's place in its
-    stream from round to round (start at zeros, run the rounds in order)."""
+    stream from round to round (start at zeros, run the rounds in order). ``peers``, when
+    given, lists every peer whose split may be non-zero, in rank order: the others hold no
+    bytes and are passed over without a look."""
     cuts: list[Cut[J]] = []
     base = 0
-    for peer, n in enumerate(splits):
+    for peer in range(len(splits)) if peers is None else peers:
+        n = splits[peer]
+        if not n:
+            continue
         lo = t * quota[peer]
         ptr[peer] = _cut_window(streams[peer], ptr[peer], lo, lo + n, base, cuts)
         base += n

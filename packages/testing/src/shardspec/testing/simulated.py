@@ -18,6 +18,7 @@ hang). Only one simulated world runs collectives at a time (the driver is synchr
 from __future__ import annotations
 
 import contextlib
+import itertools
 import queue
 import threading
 import time
@@ -120,14 +121,13 @@ def _with_a_cpu_backend(create: Callable[..., Any]) -> Callable[..., Any]:
 def _sizes(n: int, sizes: Any, world: int) -> list[int]:
     if sizes is None or len(sizes) == 0:
         return [n // world] * world
+    if isinstance(sizes, list):
+        return sizes  # as the caller passed them: no copy for each of the world's ranks
     return [int(x) for x in sizes]
 
 
 def _offsets(sizes: list[int]) -> list[int]:
-    out = [0]
-    for x in sizes:
-        out.append(out[-1] + x)
-    return out
+    return [0, *itertools.accumulate(sizes)]
 
 
 class _SparseAllToAllBase:
@@ -143,13 +143,12 @@ class _SparseAllToAllBase:
             (inp, _offsets(_sizes(inp.size(0), in_sizes, world))) for _, inp, _, in_sizes in data
         ]
         for dst, (out, _, out_sizes, _) in enumerate(data):
-            out_off = _offsets(_sizes(out.size(0), out_sizes, world))
-            for src in range(world):
-                lo, hi = out_off[src], out_off[src + 1]
-                if hi == lo:
-                    continue
-                inp, in_off = ins[src]
-                out[lo:hi].detach().copy_(inp[in_off[dst] : in_off[dst + 1]])
+            lo = 0
+            for src, n in enumerate(_sizes(out.size(0), out_sizes, world)):
+                if n:
+                    inp, in_off = ins[src]
+                    out[lo : lo + n].detach().copy_(inp[in_off[dst] : in_off[dst + 1]])
+                    lo += n
 
 
 def _uninstall() -> None:

@@ -51,6 +51,8 @@ def packed_layout(
                 f"part {p} has {units} units of {unit} over {n} ranks: replicating it needs "
                 f"the ranks to be a multiple of its units (vLLM refuses this TP degree too)"
             )
+    # each part's chunks once, not once per rank: a layout over n ranks stays O(n)
+    bounds = [chunk_bounds(size // unit, n) for size in part_sizes]
     shards = []
     for i, r in enumerate(ranks):
         at = 0
@@ -60,7 +62,7 @@ def packed_layout(
                 lo = i * units // n
                 hi = lo + 1
             else:
-                lo, hi = chunk_bounds(units, n)[i]
+                lo, hi = bounds[p][i]
             offs = tuple(at + lo * unit if d == dim else 0 for d in range(len(shape)))
             sizes = tuple((hi - lo) * unit if d == dim else n_ for d, n_ in enumerate(shape))
             shards.append(Shard(Box(offs, sizes), r))

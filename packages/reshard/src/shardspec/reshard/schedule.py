@@ -181,10 +181,8 @@ def windows(
     at its end. ``peers``, when given, lists every stream that is not empty (:func:`peers_of`):
     only those are looked at, since a rank of a large world has a few peers among thousands of
     ranks and every round would otherwise cost a pass over all of them."""
-    if peers is None:
-        return [max(0, min((t + 1) * qi, n) - t * qi) for qi, n in zip(quota, lengths)]
     out = [0] * len(lengths)
-    for i in peers:
+    for i in range(len(lengths)) if peers is None else peers:
         lo = t * quota[i]
         if lo < lengths[i]:
             out[i] = min(lo + quota[i], lengths[i]) - lo

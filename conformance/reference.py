@@ -184,3 +184,92 @@ def layout_of_torch_spec(spec: Any, shape: Sequence[int]) -> Layout:
         sizes = [stop - start if d == dim else shape[d] for d in range(nd)]
         shards.append(Shard(Box(offs, sizes), rank))
     return Layout(tuple(shape), shards)
+
+
+# ---------------------------------------------------------------- flat ranges (FLAT-*)
+
+
+def _unravel(shape: Sequence[int], i: int) -> tuple[int, ...]:
+    out = []
+    for n in reversed(shape):
+        i, r = divmod(i, n)
+        out.append(r)
+    return tuple(reversed(out))
+
+
+def flat_boxes(shape: Sequence[int], start: int, stop: int) -> list[Box]:
+    """FLAT-2's boxes of ``[start, stop)``, greedily: from the first element not yet taken,
+    the outermost dim ``d`` whose inner indices are all 0 there, and as many of its rows as fit
+    before ``stop`` (at least one); the innermost dim always fits one element."""
+    shape = tuple(shape)
+    if not shape:
+        return [Box((), ())] if start < stop else []
+    strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
+    out = []
+    p = start
+    while p < stop:
+        idx = _unravel(shape, p)
+        for d in range(len(shape)):
+            if any(idx[d + 1 :]):
+                continue
+            k = min(shape[d] - idx[d], (stop - p) // strides[d])
+            if k >= 1:
+                out.append(Box(idx, (1,) * d + (k,) + shape[d + 1 :]))
+                p += k * strides[d]
+                break
+    return out
+
+
+def flat_is_valid(shape: Sequence[int], pieces: Sequence[tuple[int, int, int, int]]) -> bool:
+    """FLAT-4 by enumeration: every piece within the tensor with stop >= start, no element
+    held by two non-identical ranges, no range twice on one rank, every element held, and no
+    two non-empty pieces of a rank overlapping in its buffer."""
+    n = math.prod(shape)
+    if any(not (0 <= a <= b <= n) or r < 0 or at < 0 for r, a, b, at in pieces):
+        return False
+    real = [p for p in pieces if p[2] > p[1]]
+    for i, (r, a, b, at) in enumerate(real):
+        for r2, a2, b2, at2 in real[i + 1 :]:
+            if (a, b) != (a2, b2) and max(a, a2) < min(b, b2):
+                return False
+            if (a, b) == (a2, b2) and r == r2:
+                return False
+            if r == r2 and max(at, at2) < min(at + b - a, at2 + b2 - a2):
+                return False
+    held = set()
+    for _, a, b, _ in real:
+        held.update(range(a, b))
+    return len(held) == n
+
+
+def zero12_buffers(
+    shapes: Sequence[Sequence[int]], dp: int, alignment: int, round_robin: bool
+) -> list[list[tuple[int, int] | None]]:
+    """Each rank's ZeRO-1/2 partition element by element, as DeepSpeed's stage_1_and_2.py
+    builds it (FLAT-6): ``(parameter, row-major index)``, None for padding. The parameters
+    reordered round robin when asked (``_round_robin_reorder``: by ``i % dp``, each group in
+    order), concatenated, padded to a multiple of ``alignment * dp``, split into ``dp`` equal
+    parts."""
+    order = list(range(len(shapes)))
+    if round_robin:
+        groups: dict[int, list[int]] = {}
+        for i in order:
+            groups.setdefault(i % dp, []).append(i)
+        order = [i for j in groups for i in groups[j]]
+    flat: list[tuple[int, int] | None] = [
+        (k, i) for k in order for i in range(math.prod(shapes[k]))
+    ]
+    while len(flat) % (alignment * dp):
+        flat.append(None)
+    size = len(flat) // dp
+    return [flat[r * size : (r + 1) * size] for r in range(dp)]
+
+
+def zero3_ranges(shape: Sequence[int], dp: int) -> list[tuple[int, int]]:
+    """Each rank's real elements of one parameter under ZeRO-3 (FLAT-7), as DeepSpeed's
+    ``_partition_param`` narrows them: padded to a multiple of ``dp``, ``aligned // dp`` a
+    rank, what lies past the end dropped (empty at the end for ranks past the data)."""
+    n = math.prod(shape)
+    aligned = n + ((dp - n % dp) if n % dp else 0)
+    p = aligned // dp
+    return [(min(r * p, n), min((r + 1) * p, n)) for r in range(dp)]

@@ -7,7 +7,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from conformance.interface import Impl
-from shardspec.metadata import Box, Layout, LayoutError, chunk_layout
+from conformance.interface.flat import Piece
+from shardspec.metadata import (
+    Box,
+    FlatLayout,
+    FlatPiece,
+    Layout,
+    LayoutError,
+    chunk_layout,
+    flat_from_layout,
+)
 
 
 class ShardspecImpl(Impl):
@@ -31,6 +40,46 @@ class ShardspecImpl(Impl):
 
     def chunk_layout(self, shape: Sequence[int], dim: int, ranks: Sequence[int]) -> Layout:
         return chunk_layout(shape, dim, ranks)
+
+    def flat_range_boxes(self, shape: Sequence[int], start: int, stop: int) -> list[Box]:
+        from shardspec.metadata.flat import range_boxes
+
+        return range_boxes(shape, start, stop)
+
+    def flat_is_valid(self, shape: Sequence[int], pieces: Sequence[Piece]) -> bool:
+        try:
+            FlatLayout(shape, [FlatPiece(*p) for p in pieces]).validate()
+        except LayoutError:
+            return False
+        return True
+
+    def flat_boxes_by_rank(
+        self, shape: Sequence[int], pieces: Sequence[Piece]
+    ) -> dict[int, list[Box]]:
+        layout = FlatLayout(shape, [FlatPiece(*p) for p in pieces]).to_layout()
+        return {r: list(layout.boxes_of(r)) for r in layout.ranks}
+
+    def flat_pieces_of_boxes(
+        self, shape: Sequence[int], boxes: Sequence[tuple[Box, int]]
+    ) -> list[Piece]:
+        flat = flat_from_layout(Layout.from_boxes(shape, boxes))
+        return [(p.rank, p.start, p.stop, p.at) for p in flat.pieces]
+
+    def zero12_pieces(
+        self, shapes: Sequence[Sequence[int]], dp: int, alignment: int, round_robin: bool
+    ) -> list[list[Piece]]:
+        from shardspec.metadata.flat import zero12_partition
+
+        part = zero12_partition(shapes, dp, alignment=alignment, round_robin=round_robin)
+        return [
+            [(p.rank, p.start, p.stop, p.at) for p in flat.pieces if p.numel]
+            for flat in part.layouts
+        ]
+
+    def zero3_pieces(self, shape: Sequence[int], dp: int) -> list[Piece]:
+        from shardspec.metadata.flat import zero3_layout
+
+        return [(p.rank, p.start, p.stop, p.at) for p in zero3_layout(shape, dp).pieces]
 
     def reshard_chunk_layout(self, shape: Sequence[int], dim: int, ranks: Sequence[int]) -> Layout:
         return chunk_layout(shape, dim, ranks)  # one rule for every path (CHUNK-1, CHUNK-2)

@@ -27,6 +27,7 @@ from conformance.interface.chunk import Chunk
 from conformance.interface.collective_load import CollectiveLoad
 from conformance.interface.convert import Convert
 from conformance.interface.dtensor import DTensorArea
+from conformance.interface.flat import Flat
 from conformance.interface.fsdp import Fsdp
 from conformance.interface.refit import Refit
 from conformance.interface.reshard import Reshard
@@ -48,6 +49,7 @@ __all__ = [
     "CollectiveLoad",
     "Convert",
     "DTensorArea",
+    "Flat",
     "Fsdp",
     "Impl",
     "KnownDefect",
@@ -64,6 +66,7 @@ __all__ = [
 class Impl(
     Validation,
     Chunk,
+    Flat,
     DTensorArea,
     Specs,
     Serialize,

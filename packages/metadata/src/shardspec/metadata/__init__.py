@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from .box import Box
 from .chunk import chunk_bounds, chunk_layout, chunk_size
 from .errors import ConversionError, LayoutError
+from .flat import FlatLayout, FlatPiece, flat_from_layout
 from .infer import infer_spec
 from .layout import Layout, Shard, render
 from .lazy import lazy_exports
@@ -72,12 +73,15 @@ __all__ = [
     "ChunkSpec",
     "ConversionError",
     "EnumerableSpec",
+    "FlatLayout",
+    "FlatPiece",
     "Layout",
     "LayoutError",
     "Shard",
     "chunk_bounds",
     "chunk_layout",
     "chunk_size",
+    "flat_from_layout",
     "infer_spec",
     "layout_from_dict",
     "layout_from_json",

@@ -115,8 +115,15 @@ def box_range(shape: Sequence[int], box: Box) -> tuple[int, int] | None:
     """The flat range of ``box`` in a tensor of ``shape`` when its elements are one range
     (FLAT-3: every dim after its first of size above 1 is whole), else None; None for an
     empty box, which is no range."""
-    ranges = box_ranges(shape, box)
-    return ranges[0] if len(ranges) == 1 else None
+    shape_t = as_index_tuple(shape, "shape")
+    _check_box(shape_t, box)
+    if box.numel == 0:
+        return None
+    wide = next((d for d, n in enumerate(box.sizes) if n > 1), len(shape_t))
+    if any(box.sizes[d] != shape_t[d] for d in range(wide + 1, len(shape_t))):
+        return None  # checked here, not by listing box_ranges: a tall column has one a row
+    first = sum(o * s for o, s in zip(box.offsets, _strides(shape_t)))
+    return first, first + box.numel
 
 
 def box_ranges(shape: Sequence[int], box: Box) -> list[tuple[int, int]]:

@@ -635,6 +635,49 @@ def peers_megatron(session: nox.Session) -> None:
     )  # fmt: skip
 
 
+DEEPSPEED = "0.19.8"
+# What DeepSpeed needs at run time beside torch (its requirements), pinned; pydantic brings its
+# own pins.
+DEEPSPEED_DEPS = (
+    "einops==0.8.2", "hjson==3.1.0", "msgpack==1.2.4", "ninja==1.13.2", "numpy==2.4.6",
+    "packaging==26.4", "psutil==7.2.2", "py-cpuinfo==9.0.0", "pydantic==2.14.4", "tqdm==4.70.1",
+)  # fmt: skip
+
+
+@nox.session(venv_backend="none")
+def peers_deepspeed(session: nox.Session) -> None:
+    """The conformance suite against DeepSpeed 0.19.8 (SHARDSPEC_IMPL=deepspeed) in its own
+    venv, `.nox/torch-<release>-deepspeed-0.19.8` (torch 2.13.0 CPU by default): its ZeRO
+    checkpoints (stages 1-3) saved on one data-parallel size, made universal and loaded on
+    another, and read by zero_to_fp32; writes conformance-report-deepspeed/ (its divergences
+    with their repros). DeepSpeed comes only as a source release: built here with no op
+    compiled (DS_BUILD_OPS=0, against the venv's torch), run with DS_ACCELERATOR=cpu on gloo."""
+    torch_version, rest = split_args(session)
+    stack = Stack(session, torch_version)
+    stack.location = ROOT / ".nox" / f"torch-{torch_version}-deepspeed-{DEEPSPEED}"
+    stack.bin = stack.location / "bin"
+    stack.python = str(stack.bin / "python")
+    stack.create()
+    stack.install(f"torch=={torch_version}")
+    stack.check_torch()
+    stack.install(*TEST_DEPS, *DEEPSPEED_DEPS, "setuptools", "wheel")
+    install_checkout(stack)
+    # its setup.py imports torch to decide which ops to build: against this venv's, none built
+    session.env["DS_BUILD_OPS"] = "0"
+    stack.install("--no-deps", "--no-build-isolation", f"deepspeed=={DEEPSPEED}")
+    stack.check_torch()
+    session.env["DS_ACCELERATOR"] = "cpu"
+    session.env["SHARDSPEC_IMPL"] = "deepspeed"
+    # Each example starts two fresh worlds (a save and a load) whose ranks import DeepSpeed:
+    # a few derandomized examples per property beside the explicit ones, where the known
+    # defects are.
+    session.env["HYPOTHESIS_PROFILE"] = os.environ.get("HYPOTHESIS_PROFILE", "short")
+    session.env["SHARDSPEC_EXAMPLES"] = os.environ.get("SHARDSPEC_EXAMPLES", "3")
+    out = "conformance-report-deepspeed"
+    # --gate: its known defects are strict expected failures, so a failed test fails the session
+    session.run(stack.python, "-m", "conformance.report", "--out", out, "--gate", *rest)
+
+
 MATRIX_RELEASES = "2.13.0,2.14.1,2.15.0"
 
 

@@ -273,3 +273,29 @@ def zero3_ranges(shape: Sequence[int], dp: int) -> list[tuple[int, int]]:
     aligned = n + ((dp - n % dp) if n % dp else 0)
     p = aligned // dp
     return [(min(r * p, n), min((r + 1) * p, n)) for r in range(dp)]
+
+
+def zero_truth(shapes: Sequence[Sequence[int]]) -> dict[str, list[torch.Tensor]]:
+    """The values a ZeRO checkpoint case sets before it saves: for each parameter (flat, in
+    order) its fp32 value and Adam's two moments, every element distinct within its key and
+    exact in fp32, so a value moved to another place, parameter or key shows."""
+    out: dict[str, list[torch.Tensor]] = {"fp32": [], "exp_avg": [], "exp_avg_sq": []}
+    for i, s in enumerate(shapes):
+        ids = torch.arange(math.prod(s), dtype=torch.float64) + 1 + 4096 * i
+        out["fp32"].append((ids / 16).float())
+        out["exp_avg"].append((-ids / 32).float())
+        out["exp_avg_sq"].append((ids / 64).float())
+    return out
+
+
+def zero3_buffers(shapes: Sequence[Sequence[int]], dp: int) -> list[list[tuple[int, int] | None]]:
+    """Each rank's ZeRO-3 flat partition of one parameter group, element by element (FLAT-7):
+    each parameter's ``ceil(numel / dp)`` slice (:func:`zero3_ranges`), padded to that length,
+    one after another in the group's order; None for padding."""
+    out: list[list[tuple[int, int] | None]] = [[] for _ in range(dp)]
+    for k, s in enumerate(shapes):
+        n = math.prod(s)
+        size = -(-n // dp)
+        for r, (a, b) in enumerate(zero3_ranges(s, dp)):
+            out[r] += [(k, i) for i in range(a, b)] + [None] * (size - (b - a))
+    return out

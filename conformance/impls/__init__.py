@@ -61,6 +61,7 @@ BUILTINS: dict[str, str] = {
     # The peers, each run in its own virtualenv with its real package (DESIGN.md section 4):
     "megatron": "conformance.peers.megatron.adapter:MegatronImpl",
     "bytecheckpoint": "conformance.peers.bytecheckpoint.adapter:ByteCheckpointImpl",
+    "deepspeed": "conformance.peers.deepspeed.adapter:DeepSpeedImpl",
 }
 IMPLS = tuple(BUILTINS)
 _CACHE: dict[str, Adapter] = {}

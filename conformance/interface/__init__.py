@@ -35,6 +35,7 @@ from conformance.interface.serialize import Serialize
 from conformance.interface.specs import Specs
 from conformance.interface.torchrec import TorchRec
 from conformance.interface.validation import Validation
+from conformance.interface.zero_checkpoint import ZeroCheckpoint
 
 __all__ = [
     "AREAS",
@@ -60,6 +61,7 @@ __all__ = [
     "TorchRec",
     "Unsupported",
     "Validation",
+    "ZeroCheckpoint",
 ]
 
 
@@ -79,6 +81,7 @@ class Impl(
     CollectiveLoad,
     CheckpointTools,
     CheckpointLibrary,
+    ZeroCheckpoint,
     TorchRec,
 ):
     """Every area at once; each method defaults to :class:`Unsupported`."""

@@ -23,6 +23,7 @@ def run_world(
     timeout: float = 240.0,
     backend_name: str = "gloo",
     device: str = "cpu",
+    error_grace: float | None = None,
 ) -> dict[int, tuple[str, Any]]:
     """Run ``fn(rank, world, *args)`` on ``world`` fresh ranks (gloo on CPU unless
     ``backend_name`` / ``device`` say otherwise: the world functions build their own meshes, so
@@ -30,13 +31,15 @@ def run_world(
     ``("error", traceback)`` or ``("missing", why)``.
 
     A rank that dies or exceeds ``timeout`` is reported as missing and every rank is killed,
-    so a hung collective cannot hang the test.
+    so a hung collective cannot hang the test. Once a rank has raised, the others get
+    ``error_grace`` seconds (default ``min(timeout, 30)``, stretched on a slow machine) to
+    finish before they are called left waiting in a collective.
     """
     pool = RankPool(
         world,
         timeout=timeout,
         startup_timeout=timeout,
-        error_grace=min(timeout, 30),
+        error_grace=min(timeout, 30) if error_grace is None else error_grace,
         backend_name=backend_name,
         device=device,
     )

@@ -441,7 +441,7 @@ def _areas_header(areas: tuple[str, ...] | None) -> list[tuple[str, str]]:
 def _peer_header(impl: str, version: Any) -> list[tuple[str, str]]:
     """A peer's release, and what the suite changes of it to run it here."""
     if impl == "deepspeed":
-        from conformance.peers.deepspeed.ops import SHIM
+        from conformance.peers.deepspeed.worlds import SHIM
 
         return [("patched for CPU", SHIM)]
     if impl != "megatron":

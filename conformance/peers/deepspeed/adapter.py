@@ -7,7 +7,7 @@ DeepSpeed is a trainer: what the suite asks it is what its ZeRO checkpoints hold
 data-parallel size, converted by ``ds_to_universal`` and loaded with ``load_universal`` on
 another size and stage, and read offline by ``zero_to_fp32``. Everything else (layouts,
 DTensor, DCP, resharding, FSDP, TorchRec) is no part of its API and is reported unsupported with
-that reason. Its rank code is ``conformance/peers/deepspeed/ops.py``.
+that reason. Its rank code is ``conformance/peers/deepspeed/worlds.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ WHAT_IT_IS = (
 )
 # A world function's limit: a fresh gloo world, a ZeRO engine, a step and a save or load.
 WORLD_TIMEOUT = 240.0
-OPS = "conformance.peers.deepspeed.ops"
+WORLDS = "conformance.peers.deepspeed.worlds"
 # A rank that raised in a load leaves the others in DeepSpeed's next collective, which never
 # ends: how long they get before they are called left waiting (not the pool's 30 s).
 ERROR_GRACE = 5.0
@@ -61,18 +61,18 @@ class DeepSpeedImpl(ZeroCheckpoint):
     def _round_trip(
         self, save: dict[str, Any], load: dict[str, Any], example: str
     ) -> dict[str, Any]:
-        from conformance.peers.deepspeed import ops
+        from conformance.peers.deepspeed import worlds
 
         with tempfile.TemporaryDirectory(prefix="shardspec-deepspeed-") as path:
             saved = _world(
-                f"{OPS}:save_world", save["dp"], path, save["stage"], save["dtype"],
+                f"{WORLDS}:save_world", save["dp"], path, save["stage"], save["dtype"],
                 save["shapes"],
             )  # fmt: skip
             _raise_failed("save", saved, example)
-            fp32 = ops.zero_to_fp32(path)
-            ops.to_universal(path)
+            fp32 = worlds.zero_to_fp32(path)
+            worlds.to_universal(path)
             loaded = _world(
-                f"{OPS}:load_world", load["dp"], path, "universal", load["stage"],
+                f"{WORLDS}:load_world", load["dp"], path, "universal", load["stage"],
                 save["dtype"], save["shapes"],
             )  # fmt: skip
             _raise_failed("load", loaded, example)
@@ -83,7 +83,7 @@ class DeepSpeedImpl(ZeroCheckpoint):
         }
 
     def zero_set_full(self, save: dict[str, Any], example: str) -> dict[int, dict[str, Any]]:
-        got = _world(f"{OPS}:set_world", save["dp"], save["stage"], save["dtype"], save["shapes"])
+        got = _world(f"{WORLDS}:set_world", save["dp"], save["stage"], save["dtype"], save["shapes"])
         _raise_failed("setting of full values", got, example)
         return {r: v for r, (_, v) in got.items()}
 

@@ -83,7 +83,9 @@ class DeepSpeedImpl(ZeroCheckpoint):
         }
 
     def zero_set_full(self, save: dict[str, Any], example: str) -> dict[int, dict[str, Any]]:
-        got = _world(f"{WORLDS}:set_world", save["dp"], save["stage"], save["dtype"], save["shapes"])
+        got = _world(
+            f"{WORLDS}:set_world", save["dp"], save["stage"], save["dtype"], save["shapes"]
+        )
         _raise_failed("setting of full values", got, example)
         return {r: v for r, (_, v) in got.items()}
 

@@ -678,6 +678,45 @@ def peers_deepspeed(session: nox.Session) -> None:
     session.run(stack.python, "-m", "conformance.report", "--out", out, "--gate", *rest)
 
 
+TRANSFORMERS = "5.23.0"
+# transformers' distributed loading asks for accelerate (a device_map); the rest of their
+# requirements pinned at what they resolved to on 2026-11-30.
+TRANSFORMERS_DEPS = (
+    "accelerate==1.15.0", "huggingface-hub==2.4.0", "safetensors==0.8.0", "tokenizers==0.23.3",
+    "numpy==2.4.6", "packaging==26.4", "regex==2026.11.19", "tqdm==4.70.1",
+)  # fmt: skip
+
+
+@nox.session(venv_backend="none")
+def peers_transformers(session: nox.Session) -> None:
+    """The conformance suite against transformers 5.23.0 (SHARDSPEC_IMPL=transformers) in its
+    own venv, `.nox/torch-<release>-transformers-5.23.0` (torch 2.13.0 CPU by default): a
+    Llama-style safetensors model loaded with DistributedConfig(tp_size, fsdp_size) on 4 gloo
+    CPU ranks, each rank's shard against the reference, and saved and loaded on another mesh;
+    writes conformance-report-transformers/."""
+    torch_version, rest = split_args(session)
+    stack = Stack(session, torch_version)
+    stack.location = ROOT / ".nox" / f"torch-{torch_version}-transformers-{TRANSFORMERS}"
+    stack.bin = stack.location / "bin"
+    stack.python = str(stack.bin / "python")
+    stack.create()
+    stack.install(f"torch=={torch_version}")
+    stack.check_torch()
+    stack.install(*TEST_DEPS, *TRANSFORMERS_DEPS, f"transformers=={TRANSFORMERS}")
+    install_checkout(stack)
+    stack.check_torch()
+    session.env["SHARDSPEC_IMPL"] = "transformers"
+    # Each example starts fresh worlds of 4 ranks that import transformers: a few derandomized
+    # examples per property beside the explicit ones.
+    session.env["HYPOTHESIS_PROFILE"] = os.environ.get("HYPOTHESIS_PROFILE", "short")
+    session.env["SHARDSPEC_EXAMPLES"] = os.environ.get("SHARDSPEC_EXAMPLES", "3")
+    # no network: the model directories are local, and the hub is never asked
+    session.env["HF_HUB_OFFLINE"] = "1"
+    out = "conformance-report-transformers"
+    # --gate: its known defects are strict expected failures, so a failed test fails the session
+    session.run(stack.python, "-m", "conformance.report", "--out", out, "--gate", *rest)
+
+
 MATRIX_RELEASES = "2.13.0,2.14.1,2.15.0"
 
 

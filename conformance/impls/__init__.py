@@ -62,6 +62,7 @@ BUILTINS: dict[str, str] = {
     "megatron": "conformance.peers.megatron.adapter:MegatronImpl",
     "bytecheckpoint": "conformance.peers.bytecheckpoint.adapter:ByteCheckpointImpl",
     "deepspeed": "conformance.peers.deepspeed.adapter:DeepSpeedImpl",
+    "transformers": "conformance.peers.transformers.adapter:TransformersImpl",
 }
 IMPLS = tuple(BUILTINS)
 _CACHE: dict[str, Adapter] = {}

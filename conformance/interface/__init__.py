@@ -29,6 +29,7 @@ from conformance.interface.convert import Convert
 from conformance.interface.dtensor import DTensorArea
 from conformance.interface.flat import Flat
 from conformance.interface.fsdp import Fsdp
+from conformance.interface.hf_model import HfModel
 from conformance.interface.refit import Refit
 from conformance.interface.reshard import Reshard
 from conformance.interface.serialize import Serialize
@@ -52,6 +53,7 @@ __all__ = [
     "DTensorArea",
     "Flat",
     "Fsdp",
+    "HfModel",
     "Impl",
     "KnownDefect",
     "Refit",
@@ -82,6 +84,7 @@ class Impl(
     CheckpointTools,
     CheckpointLibrary,
     ZeroCheckpoint,
+    HfModel,
     TorchRec,
 ):
     """Every area at once; each method defaults to :class:`Unsupported`."""

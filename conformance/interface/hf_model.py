@@ -1,0 +1,46 @@
+"""The hf_model area: a model library's own tensor-parallel and FSDP loading and saving of a
+safetensors model (DTENSOR-*, CKPT-*: each rank's shard is its placements' slice of the file's
+tensor): answered by transformers.
+
+Its tests: ``conformance/tests/test_hf_model.py``. An adapter takes part by subclassing
+:class:`HfModel` (with its other areas); a method it does not override answers
+:class:`~conformance.interface.Unsupported`. A rank's answer is, per parameter name,
+``{"mesh": mesh shape, "coordinate": the rank's coordinate, "placements": JSON placements
+(conformance/codec.py), "local": its local tensor}``; a parameter that is no DTensor has mesh
+``[]``, no placements and the whole tensor as its local one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conformance.interface.base import Adapter
+
+
+class HfModel(Adapter):
+    """A model library's distributed loading and saving of safetensors models."""
+
+    area = "hf_model"
+
+    def hf_load(
+        self, model: dict[str, Any], mesh: dict[str, int], example: str
+    ) -> dict[int, dict[str, dict[str, Any]]]:
+        """Write ``model`` (``"config"``: a Llama-style config's fields; ``"weights"``: every
+        parameter's full tensor by name) as the library's model directory (its config file
+        and one safetensors file), then load it on ``mesh["tp"] * mesh["fsdp"]`` ranks with
+        the library's own distributed loading (tensor parallel over ``tp``, FSDP over
+        ``fsdp``): each rank's parameters, as the module docstring says."""
+        raise self.unsupported("distributed loading of a safetensors model")
+
+    def hf_save_load(
+        self,
+        model: dict[str, Any],
+        save_mesh: dict[str, int],
+        fmt: str,
+        load_mesh: dict[str, int],
+        example: str,
+    ) -> dict[int, dict[str, dict[str, Any]]]:
+        """As :meth:`hf_load` on ``save_mesh``, then saved by the library (``fmt``: ``"dcp"``,
+        its distributed checkpoint; ``"safetensors"``, its consolidated files) and loaded
+        from what it saved on ``load_mesh``: each loading rank's parameters."""
+        raise self.unsupported("saving and loading a distributed model")

@@ -1,0 +1,109 @@
+"""transformers 5.23.0 (``transformers``) under test: ``SHARDSPEC_IMPL=transformers``, in the
+venv ``nox -s peers_transformers`` builds (torch 2.13.0 CPU, transformers and accelerate pinned).
+
+transformers is a model library: what the suite asks it is how its distributed loading lays a
+safetensors model out over ranks (the hf_model area): a Llama-style model loaded with
+``from_pretrained(..., distributed_config=DistributedConfig(tp_size, fsdp_size))`` on gloo CPU
+ranks, each rank's shard compared with its placements' slice of the file's tensor, and saved
+with ``save_pretrained`` (its distributed checkpoint, or consolidated safetensors) and loaded
+on another mesh. Everything else is no part of its API and is reported unsupported with that
+reason. Its rank code is ``conformance/peers/transformers/worlds.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+from conformance.interface import HfModel, Unsupported
+
+__all__ = ["TransformersImpl"]
+
+WHAT_IT_IS = (
+    "transformers 5.23.0 is a model library (from_pretrained and save_pretrained with a "
+    "DistributedConfig); its API has no"
+)
+WORLDS = "conformance.peers.transformers.worlds"
+# A world function's limit: a fresh gloo world importing transformers, a load and a save.
+WORLD_TIMEOUT = 240.0
+ERROR_GRACE = 10.0
+
+
+class TransformersImpl(HfModel):
+    name = "transformers"
+    rank_ops = ()  # its ranks run world functions (fresh worlds), not the pool's operations
+    via = None
+
+    def version(self) -> str:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("transformers")
+        except PackageNotFoundError:
+            return "transformers not installed"
+
+    def unsupported(self, what: str) -> Unsupported:
+        return Unsupported(f"unsupported by {self.name}: {WHAT_IT_IS} {what}")
+
+    def hf_load(
+        self, model: dict[str, Any], mesh: dict[str, int], example: str
+    ) -> dict[int, dict[str, dict[str, Any]]]:
+        with tempfile.TemporaryDirectory(prefix="shardspec-transformers-") as path:
+            _write(path, model)
+            got = _world(f"{WORLDS}:load_world", mesh, path, mesh["tp"], mesh["fsdp"])
+            _raise_failed("load", got, example)
+        return {r: v for r, (_, v) in got.items()}
+
+    def hf_save_load(
+        self,
+        model: dict[str, Any],
+        save_mesh: dict[str, int],
+        fmt: str,
+        load_mesh: dict[str, int],
+        example: str,
+    ) -> dict[int, dict[str, dict[str, Any]]]:
+        with tempfile.TemporaryDirectory(prefix="shardspec-transformers-") as path:
+            _write(path, model)
+            out = os.path.join(path, "saved")
+            saved = _world(
+                f"{WORLDS}:save_world", save_mesh, path, save_mesh["tp"], save_mesh["fsdp"],
+                fmt, out,
+            )  # fmt: skip
+            _raise_failed(f"save ({fmt})", saved, example)
+            got = _world(f"{WORLDS}:load_world", load_mesh, out, load_mesh["tp"], load_mesh["fsdp"])
+            _raise_failed(f"load of the {fmt} save", got, example)
+        return {r: v for r, (_, v) in got.items()}
+
+
+def _write(path: str, model: dict[str, Any]) -> None:
+    from conformance.peers.transformers.worlds import write_model
+
+    write_model(path, model["config"], model["weights"])
+
+
+def _world(fn: str, mesh: dict[str, int], *args: Any) -> dict[int, tuple[str, Any]]:
+    from shardspec.testing import RankError, run_world
+
+    world = mesh["tp"] * mesh["fsdp"]
+    try:
+        return run_world(fn, world, *args, timeout=WORLD_TIMEOUT, error_grace=ERROR_GRACE)
+    except RankError as e:
+        waiting = ("missing", "still waiting in a collective")
+        out: dict[int, tuple[str, Any]] = dict.fromkeys(range(world), waiting)
+        for f in e.failures:
+            out[f.rank] = ("error", f"{f.type_name}: {f.message}" if f.message else f.type_name)
+        return out
+
+
+def _raise_failed(what: str, results: dict[int, tuple[str, Any]], example: str) -> None:
+    bad = [
+        f"rank {r}: {_last_line(v)}" for r, (status, v) in sorted(results.items()) if status != "ok"
+    ]
+    if bad:
+        raise AssertionError(f"the {what} failed [{example}]:\n" + "\n".join(bad))
+
+
+def _last_line(value: Any) -> str:
+    lines = [ln for ln in str(value).strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else str(value)

@@ -1,0 +1,149 @@
+"""A model library's distributed loading and saving (the hf_model area): a Llama-style model
+in one safetensors file, loaded over tensor-parallel and FSDP meshes, each rank's shard is its
+placements' slice of the file's tensor (DTENSOR-1, -2, -4) and the ranks together hold every
+element; saved as a distributed checkpoint or as consolidated safetensors on one mesh and
+loaded on another, the same (CKPT-20).
+
+Answered by transformers (``SHARDSPEC_IMPL=transformers``, ``nox -s peers_transformers``);
+shardspec and torch have no model loader, so they report this area unsupported."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import example, given, settings, strategies as st
+
+from conformance import reference
+from conformance.assertions import assert_tensor_bitwise
+from conformance.cases import case
+from conformance.impls import Impl
+
+# tensor parallel over 4, FSDP over 4, and 2 x 2 (the meshes the library's own tests use)
+MESHES = [{"tp": 4, "fsdp": 1}, {"tp": 1, "fsdp": 4}, {"tp": 2, "fsdp": 2}]
+HIDDEN, HEADS, KV_HEADS = 16, 4, 2
+
+
+def llama(vocab: int, intermediate: int) -> dict[str, Any]:
+    """A one-layer Llama-style model: its config's fields and every weight, each element a
+    distinct float (its index plus 1000 x the weight's number), exact in fp32."""
+    kv = KV_HEADS * (HIDDEN // HEADS)
+    shapes = {
+        "model.embed_tokens.weight": (vocab, HIDDEN),
+        "model.layers.0.self_attn.q_proj.weight": (HIDDEN, HIDDEN),
+        "model.layers.0.self_attn.k_proj.weight": (kv, HIDDEN),
+        "model.layers.0.self_attn.v_proj.weight": (kv, HIDDEN),
+        "model.layers.0.self_attn.o_proj.weight": (HIDDEN, HIDDEN),
+        "model.layers.0.mlp.gate_proj.weight": (intermediate, HIDDEN),
+        "model.layers.0.mlp.up_proj.weight": (intermediate, HIDDEN),
+        "model.layers.0.mlp.down_proj.weight": (HIDDEN, intermediate),
+        "model.layers.0.input_layernorm.weight": (HIDDEN,),
+        "model.layers.0.post_attention_layernorm.weight": (HIDDEN,),
+        "model.norm.weight": (HIDDEN,),
+        "lm_head.weight": (vocab, HIDDEN),
+    }
+    weights = {
+        name: (torch.arange(torch.Size(s).numel(), dtype=torch.float32) + 1000 * i).reshape(s)
+        for i, (name, s) in enumerate(shapes.items())
+    }
+    config = {
+        "vocab_size": vocab,
+        "hidden_size": HIDDEN,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": 1,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "max_position_embeddings": 32,
+        "tie_word_embeddings": False,
+    }
+    return {"config": config, "weights": weights}
+
+
+def _mesh(m: dict[str, int]) -> str:
+    return f"tp {m['tp']} x fsdp {m['fsdp']}"
+
+
+def check_shards(
+    got: dict[int, dict[str, dict[str, Any]]],
+    weights: dict[str, torch.Tensor],
+    world: int,
+    ex: str,
+) -> None:
+    """Each rank's shard of each weight is its placements' slice of the weight (the
+    reference's DTensor indices), and the ranks together hold every element."""
+    if sorted(got) != list(range(world)):
+        raise AssertionError(f"ranks {sorted(got)} answered, {world} loaded [{ex}]")
+    for name, full in weights.items():
+        ids = torch.arange(full.numel()).reshape(full.shape)
+        held = torch.zeros(full.numel(), dtype=torch.bool)
+        for r in range(world):
+            if name not in got[r]:
+                raise AssertionError(f"rank {r}: {name} not loaded [{ex}]")
+            shard = got[r][name]
+            if shard["mesh"]:
+                idx = reference.dtensor_indices(
+                    full.shape, shard["mesh"], shard["placements"], shard["coordinate"]
+                )
+            else:  # not distributed: the whole tensor
+                idx = [list(range(n)) for n in full.shape]
+            held[_take(ids, idx).reshape(-1)] = True
+            where = f"rank {r} {name} (placements {shard['placements']} on mesh {shard['mesh']})"
+            assert_tensor_bitwise(where, shard["local"], _take(full, idx), ex, "DTENSOR-4")
+        if not bool(held.all()):
+            lost = int((~held).sum())
+            raise AssertionError(
+                f"{name}: {lost} of {held.numel()} elements held by no rank (DTENSOR-1) [{ex}]"
+            )
+
+
+def _take(t: torch.Tensor, idx: list[list[int]]) -> torch.Tensor:
+    """``t[ix_(*idx)]``: the rows, columns, ... listed, in their order."""
+    for d, i in enumerate(idx):
+        t = t.index_select(d, torch.tensor(i, dtype=torch.long))
+    return t
+
+
+@pytest.mark.rule("DTENSOR-1", "DTENSOR-2", "DTENSOR-4", "CONF-1")
+@settings(max_examples=10)
+@given(
+    st.sampled_from(MESHES),
+    st.integers(5, 41),
+    st.sampled_from([6, 10, 24]),
+)
+# a vocabulary of 37 rows (no mesh divides it) on each mesh
+@example(MESHES[0], 37, 24)
+@example(MESHES[1], 37, 24)
+@example(MESHES[2], 37, 24)
+def test_every_ranks_loaded_shard_is_its_placements_slice(
+    impl: Impl, mesh: dict[str, int], vocab: int, intermediate: int
+) -> None:
+    model = llama(vocab, intermediate)
+    ex = f"a Llama of vocabulary {vocab}, intermediate {intermediate}, loaded on {_mesh(mesh)}"
+    with case():
+        got = impl.hf_load(model, mesh, ex)
+        check_shards(got, model["weights"], mesh["tp"] * mesh["fsdp"], ex)
+
+
+SAVES = [
+    (MESHES[0], "dcp", MESHES[1]),
+    (MESHES[2], "dcp", MESHES[0]),
+    (MESHES[1], "safetensors", MESHES[2]),
+    (MESHES[0], "safetensors", MESHES[2]),
+]
+
+
+@pytest.mark.rule("CKPT-20", "DTENSOR-4")
+@pytest.mark.parametrize(
+    ("save", "fmt", "load"),
+    SAVES,
+    ids=[f"{fmt}-tp{s['tp']}fsdp{s['fsdp']}-to-tp{d['tp']}fsdp{d['fsdp']}" for s, fmt, d in SAVES],
+)
+def test_a_save_on_one_mesh_loads_on_another(
+    impl: Impl, save: dict[str, int], fmt: str, load: dict[str, int]
+) -> None:
+    model = llama(37, 24)
+    ex = f"a Llama of vocabulary 37 loaded on {_mesh(save)}, saved ({fmt}), loaded on {_mesh(load)}"
+    with case():
+        got = impl.hf_save_load(model, save, fmt, load, ex)
+        check_shards(got, model["weights"], load["tp"] * load["fsdp"], ex)

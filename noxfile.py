@@ -270,6 +270,16 @@ def install_checkout(stack: Stack) -> None:
     stack.session.run(stack.python, "-m", "compileall", "-q", "-j", "0", *sources, silent=True)
 
 
+def peer_stack(session: nox.Session, torch_version: str, peer: str) -> Stack:
+    """A peer's own venv, `.nox/torch-<release>-<peer>`, made and torch installed alone in it
+    (checked to be the release asked for); the session installs the rest."""
+    stack = Stack(session, torch_version, peer=peer)
+    stack.create()
+    stack.install(f"torch=={torch_version}")
+    stack.check_torch()
+    return stack
+
+
 def install_stack(
     session: nox.Session, *extra: str, torchrec: bool = False, peer: str | None = None
 ) -> Stack:
@@ -564,15 +574,9 @@ def peers_bytecheckpoint(session: nox.Session) -> None:
     conformance-report-bytecheckpoint/ (its divergences with their repros). Its saves are
     held to 127.0.0.1 (conformance/peers/bytecheckpoint/env.py)."""
     torch_version, rest = split_args(session)
-    stack = Stack(session, torch_version)
     # its own venv beside the shared ones: ByteCheckpoint's pinned grpcio and protobuf stay
     # out of the venvs every other session uses
-    stack.location = ROOT / ".nox" / f"torch-{torch_version}-bytecheckpoint-{BYTECHECKPOINT}"
-    stack.bin = stack.location / "bin"
-    stack.python = str(stack.bin / "python")
-    stack.create()
-    stack.install(f"torch=={torch_version}")
-    stack.check_torch()
+    stack = peer_stack(session, torch_version, f"bytecheckpoint-{BYTECHECKPOINT}")
     stack.install(*TEST_DEPS)
     install_checkout(stack)
     stack.install(*BYTECHECKPOINT_DEPS)
@@ -653,13 +657,7 @@ def peers_deepspeed(session: nox.Session) -> None:
     with their repros). DeepSpeed comes only as a source release: built here with no op
     compiled (DS_BUILD_OPS=0, against the venv's torch), run with DS_ACCELERATOR=cpu on gloo."""
     torch_version, rest = split_args(session)
-    stack = Stack(session, torch_version)
-    stack.location = ROOT / ".nox" / f"torch-{torch_version}-deepspeed-{DEEPSPEED}"
-    stack.bin = stack.location / "bin"
-    stack.python = str(stack.bin / "python")
-    stack.create()
-    stack.install(f"torch=={torch_version}")
-    stack.check_torch()
+    stack = peer_stack(session, torch_version, f"deepspeed-{DEEPSPEED}")
     stack.install(*TEST_DEPS, *DEEPSPEED_DEPS, "setuptools", "wheel")
     install_checkout(stack)
     # its setup.py imports torch to decide which ops to build: against this venv's, none built
@@ -695,13 +693,7 @@ def peers_transformers(session: nox.Session) -> None:
     CPU ranks, each rank's shard against the reference, and saved and loaded on another mesh;
     writes conformance-report-transformers/."""
     torch_version, rest = split_args(session)
-    stack = Stack(session, torch_version)
-    stack.location = ROOT / ".nox" / f"torch-{torch_version}-transformers-{TRANSFORMERS}"
-    stack.bin = stack.location / "bin"
-    stack.python = str(stack.bin / "python")
-    stack.create()
-    stack.install(f"torch=={torch_version}")
-    stack.check_torch()
+    stack = peer_stack(session, torch_version, f"transformers-{TRANSFORMERS}")
     stack.install(*TEST_DEPS, *TRANSFORMERS_DEPS, f"transformers=={TRANSFORMERS}")
     install_checkout(stack)
     stack.check_torch()

@@ -16,6 +16,7 @@ import tempfile
 from typing import Any
 
 from conformance.interface import Unsupported, ZeroCheckpoint
+from conformance.interface.worlds import raise_failed, world_outcomes
 
 __all__ = ["DeepSpeedImpl"]
 
@@ -68,14 +69,14 @@ class DeepSpeedImpl(ZeroCheckpoint):
                 f"{WORLDS}:save_world", save["dp"], path, save["stage"], save["dtype"],
                 save["shapes"],
             )  # fmt: skip
-            _raise_failed("save", saved, example)
+            raise_failed("save", saved, example)
             fp32 = worlds.zero_to_fp32(path)
             worlds.to_universal(path)
             loaded = _world(
                 f"{WORLDS}:load_world", load["dp"], path, "universal", load["stage"],
                 save["dtype"], save["shapes"],
             )  # fmt: skip
-            _raise_failed("load", loaded, example)
+            raise_failed("load", loaded, example)
         return {
             "save": {r: v for r, (_, v) in saved.items()},
             "load": {r: v for r, (_, v) in loaded.items()},
@@ -86,33 +87,9 @@ class DeepSpeedImpl(ZeroCheckpoint):
         got = _world(
             f"{WORLDS}:set_world", save["dp"], save["stage"], save["dtype"], save["shapes"]
         )
-        _raise_failed("setting of full values", got, example)
+        raise_failed("setting of full values", got, example)
         return {r: v for r, (_, v) in got.items()}
 
 
 def _world(fn: str, world: int, *args: Any) -> dict[int, tuple[str, Any]]:
-    """``run_world``, with a rank error that leaves others waiting in a collective (the pool
-    then restarts) answered as that rank's error and the others' wait."""
-    from shardspec.testing import RankError, run_world
-
-    try:
-        return run_world(fn, world, *args, timeout=WORLD_TIMEOUT, error_grace=ERROR_GRACE)
-    except RankError as e:
-        waiting = ("missing", "still waiting in a collective")
-        out: dict[int, tuple[str, Any]] = dict.fromkeys(range(world), waiting)
-        for f in e.failures:
-            out[f.rank] = ("error", f"{f.type_name}: {f.message}" if f.message else f.type_name)
-        return out
-
-
-def _raise_failed(what: str, results: dict[int, tuple[str, Any]], example: str) -> None:
-    bad = [
-        f"rank {r}: {_last_line(v)}" for r, (status, v) in sorted(results.items()) if status != "ok"
-    ]
-    if bad:
-        raise AssertionError(f"the {what} failed [{example}]:\n" + "\n".join(bad))
-
-
-def _last_line(value: Any) -> str:
-    lines = [ln for ln in str(value).strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else str(value)
+    return world_outcomes(fn, world, *args, timeout=WORLD_TIMEOUT, error_grace=ERROR_GRACE)

@@ -17,6 +17,7 @@ import tempfile
 from typing import Any
 
 from conformance.interface import HfModel, Unsupported
+from conformance.interface.worlds import raise_failed, world_outcomes
 
 __all__ = ["TransformersImpl"]
 
@@ -52,7 +53,7 @@ class TransformersImpl(HfModel):
         with tempfile.TemporaryDirectory(prefix="shardspec-transformers-") as path:
             _write(path, model)
             got = _world(f"{WORLDS}:load_world", mesh, path, mesh["tp"], mesh["fsdp"])
-            _raise_failed("load", got, example)
+            raise_failed("load", got, example)
         return {r: v for r, (_, v) in got.items()}
 
     def hf_save_load(
@@ -70,9 +71,9 @@ class TransformersImpl(HfModel):
                 f"{WORLDS}:save_world", save_mesh, path, save_mesh["tp"], save_mesh["fsdp"],
                 fmt, out,
             )  # fmt: skip
-            _raise_failed(f"save ({fmt})", saved, example)
+            raise_failed(f"save ({fmt})", saved, example)
             got = _world(f"{WORLDS}:load_world", load_mesh, out, load_mesh["tp"], load_mesh["fsdp"])
-            _raise_failed(f"load of the {fmt} save", got, example)
+            raise_failed(f"load of the {fmt} save", got, example)
         return {r: v for r, (_, v) in got.items()}
 
 
@@ -83,27 +84,5 @@ def _write(path: str, model: dict[str, Any]) -> None:
 
 
 def _world(fn: str, mesh: dict[str, int], *args: Any) -> dict[int, tuple[str, Any]]:
-    from shardspec.testing import RankError, run_world
-
     world = mesh["tp"] * mesh["fsdp"]
-    try:
-        return run_world(fn, world, *args, timeout=WORLD_TIMEOUT, error_grace=ERROR_GRACE)
-    except RankError as e:
-        waiting = ("missing", "still waiting in a collective")
-        out: dict[int, tuple[str, Any]] = dict.fromkeys(range(world), waiting)
-        for f in e.failures:
-            out[f.rank] = ("error", f"{f.type_name}: {f.message}" if f.message else f.type_name)
-        return out
-
-
-def _raise_failed(what: str, results: dict[int, tuple[str, Any]], example: str) -> None:
-    bad = [
-        f"rank {r}: {_last_line(v)}" for r, (status, v) in sorted(results.items()) if status != "ok"
-    ]
-    if bad:
-        raise AssertionError(f"the {what} failed [{example}]:\n" + "\n".join(bad))
-
-
-def _last_line(value: Any) -> str:
-    lines = [ln for ln in str(value).strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else str(value)
+    return world_outcomes(fn, world, *args, timeout=WORLD_TIMEOUT, error_grace=ERROR_GRACE)

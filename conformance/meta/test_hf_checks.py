@@ -16,13 +16,7 @@ import torch
 from conformance import reference
 from conformance.cases import case
 from conformance.interface import HfModel
-from conformance.tests.test_hf_model import MESHES, check_shards, llama
-
-
-def _take(t: torch.Tensor, idx: list[list[int]]) -> torch.Tensor:
-    for d, i in enumerate(idx):
-        t = t.index_select(d, torch.tensor(i, dtype=torch.long))
-    return t
+from conformance.tests.test_hf_model import MESHES, check_shards, llama, take
 
 
 class ReferenceLibrary(HfModel):
@@ -51,7 +45,7 @@ class ReferenceLibrary(HfModel):
                     "mesh": shape,
                     "coordinate": coord,
                     "placements": placements,
-                    "local": _take(full, idx),
+                    "local": take(full, idx),
                 }
         if self.seed is not None:
             self.seed(out)

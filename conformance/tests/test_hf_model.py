@@ -87,9 +87,9 @@ def check_shards(
                 )
             else:  # not distributed: the whole tensor
                 idx = [list(range(n)) for n in full.shape]
-            held[_take(ids, idx).reshape(-1)] = True
+            held[take(ids, idx).reshape(-1)] = True
             where = f"rank {r} {name} (placements {shard['placements']} on mesh {shard['mesh']})"
-            assert_tensor_bitwise(where, shard["local"], _take(full, idx), ex, "DTENSOR-4")
+            assert_tensor_bitwise(where, shard["local"], take(full, idx), ex, "DTENSOR-4")
         if not bool(held.all()):
             lost = int((~held).sum())
             raise AssertionError(
@@ -97,7 +97,7 @@ def check_shards(
             )
 
 
-def _take(t: torch.Tensor, idx: list[list[int]]) -> torch.Tensor:
+def take(t: torch.Tensor, idx: list[list[int]]) -> torch.Tensor:
     """``t[ix_(*idx)]``: the rows, columns, ... listed, in their order."""
     for d, i in enumerate(idx):
         t = t.index_select(d, torch.tensor(i, dtype=torch.long))

@@ -1,5 +1,5 @@
 """The collective_load area: the collective load of DCP and safetensors checkpoints (CKPT-22 to
-CKPT-27).
+CKPT-28).
 
 Its tests: ``conformance/tests/test_checkpoint_collective_load.py``. An adapter takes part by
 subclassing :class:`CollectiveLoad` (with its other areas); a method it does not override
@@ -16,7 +16,7 @@ from shardspec.metadata import Layout
 
 
 class CollectiveLoad(Adapter):
-    """The collective load of DCP and safetensors checkpoints (CKPT-22 to CKPT-27)."""
+    """The collective load of DCP and safetensors checkpoints (CKPT-22 to CKPT-28)."""
 
     area = "collective_load"
 
@@ -102,3 +102,55 @@ class CollectiveLoad(Adapter):
                 "safetensors load", load_pool, "checkpoint.collective_load", args,
                 per_rank_tensors=ones_of(load, tensor, load_pool.world_size), example=example,
             )  # fmt: skip
+
+    def checkpoint_hf_sharded_load(
+        self, save_pool: Any, load_pool: Any, saved: Layout, tensor: Any, load: dict[str, Any],
+        reads: str, damage: str | None, example: str,
+    ) -> list[Any]:  # fmt: skip
+        """DCP's Hugging Face format (CKPT-28): ``{"t": ShardedTensor of saved's boxes of
+        tensor}`` (torch's writer keeps one chunk of a tensor a rank)
+        saved on ``save_pool``'s ranks by torch's ``HuggingFaceStorageWriter`` with
+        ``save_distributed``, a safetensors file a rank placing its chunk in
+        ``__metadata__``; then, when ``damage`` says so, the file holding the chunk at the
+        tensor's origin removed (``remove``) or cut short (``truncate``); then the
+        implementation's collective load on ``load_pool``'s ranks into ``{"t": load}`` with
+        ``reads``, answered as :meth:`checkpoint_collective_load` answers."""
+        import tempfile
+        from pathlib import Path
+
+        if self.via is None:
+            raise self.unsupported("a collective load of DCP's Hugging Face format")
+        with tempfile.TemporaryDirectory(prefix="shardspec-hfdcp-") as path:
+            self._dcp_save(save_pool, path, saved, tensor, example, hf=True)
+            if damage is not None:
+                victim = _file_at_origin(Path(path))
+                if damage == "remove":
+                    victim.unlink()
+                elif damage == "truncate":
+                    with open(victim, "r+b") as f:
+                        f.truncate(victim.stat().st_size - 1)
+                else:
+                    raise ValueError(f"damage must be remove or truncate, got {damage!r}")
+            args = {**load, "path": path, "dtype": dtype_name(tensor), "fill": 1,
+                    "reads": reads, "shape": list(tensor.shape), "safetensors": True}  # fmt: skip
+            return self._run_via(  # type: ignore[no-any-return]
+                "DCP Hugging Face load", load_pool, "checkpoint.collective_load", args,
+                per_rank_tensors=ones_of(load, tensor, load_pool.world_size), example=example,
+            )  # fmt: skip
+
+
+def _file_at_origin(path: Any) -> Any:
+    """The file of DCP's Hugging Face format at ``path`` whose chunk of ``t`` is non-empty and
+    starts at the tensor's origin: losing it leaves a gap that the other chunks' bounding box
+    still spans."""
+    import json
+    import math
+
+    from safetensors import safe_open
+
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as h:
+            place = json.loads(h.metadata()["DCP_SHARDING_INFO"])["t"]["saved_offsets"]
+            if not any(place) and math.prod(h.get_slice("t").get_shape()) > 0:
+                return f
+    raise ValueError(f"{path}: no file holds a non-empty chunk of t at its origin")

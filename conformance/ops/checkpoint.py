@@ -31,7 +31,9 @@ KEY = "t"
 def _save(
     ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
 ) -> tuple[Any, list[torch.Tensor]]:
-    """``dcp.save`` of one ShardedTensor holding this rank's boxes of ``layout`` to ``path``."""
+    """``dcp.save`` of one ShardedTensor holding this rank's boxes of ``layout`` to ``path``;
+    with ``hf``, by torch's ``HuggingFaceStorageWriter`` (``save_distributed``: DCP's Hugging
+    Face format, a safetensors file a rank, CKPT-28)."""
     import torch.distributed.checkpoint as dcp
 
     layout = layout_from_json(args["layout"])
@@ -39,7 +41,13 @@ def _save(
     st = sharded_tensor_of(ctx, layout, getattr(torch, args["dtype"]), ts, via)
     sd: dict[str, Any] = {KEY: st}
     sd.update(args.get("values", {}))  # non-tensor values saved beside the tensor
-    dcp.save(sd, checkpoint_id=args["path"], planner=_save_planner(via))
+    if args.get("hf"):
+        from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+        writer = HuggingFaceStorageWriter(args["path"], save_distributed=True)
+        dcp.save(sd, storage_writer=writer, planner=_save_planner(via))
+    else:
+        dcp.save(sd, checkpoint_id=args["path"], planner=_save_planner(via))
     return None, []
 
 

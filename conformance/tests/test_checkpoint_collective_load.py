@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import example, given, settings, strategies as st
+from hypothesis import assume, example, given, settings, strategies as st
 
 from conformance import reference
-from conformance.assertions import assert_equal, assert_tensor_bitwise
+from conformance.assertions import assert_equal, assert_tensor_bitwise, describe_layout
 from conformance.cases import case
 from conformance.codec import layout_from_json, layout_to_json
 from conformance.impls import Impl
@@ -405,6 +405,156 @@ def test_a_safetensors_checkpoint_loads_the_reference_on_every_rank(
             assert_equal("tensor bytes read by the job", sum(s["data_bytes"] for s in stats),
                          nbytes, ex)  # fmt: skip
             _check_no_byte_read_twice([s["ranges"] for s in stats], ex)
+
+
+@st.composite
+def hf_sharded_loads(draw: st.DrawFn) -> dict[str, Any]:
+    """A drawn tensor and destination (as round_trips draws them, or a plain tensor) saved in
+    DCP's Hugging Face format: each saved box on a rank of its own (the writer keeps one chunk
+    of a tensor a file), no empty box where another starts (CKPT-1: DCP keys a chunk by its
+    offset); one time in four a file lost or cut short."""
+    from shardspec.checkpoint.chunks import storable
+    from shardspec.testing.devices import world_sizes as sizes
+
+    c = draw(round_trips())
+    shards = storable(c["saved"]).shards
+    if len(shards) > max(sizes()):
+        shards = [s for s in shards if not s.box.is_empty]
+    assume(1 <= len(shards) <= max(sizes()))
+    c["saved"] = Layout(c["saved"].shape, [Shard(s.box, i) for i, s in enumerate(shards)])
+    c["save_world"] = len(shards)
+    if draw(st.integers(0, 3)) == 0:
+        c["load"] = {"kind": "plain"}
+    c["reads"] = draw(st.sampled_from(READS))
+    damage = draw(st.sampled_from([None] * 3 + ["remove", "truncate"]))
+    nonempty = sum(1 for s in shards if not s.box.is_empty)
+    c["damage"] = damage if nonempty and damage else None
+    return c
+
+
+# 4 rows on 2 ranks (rows 0-1, rows 2-3); rank 0's file lost: rows 0-1 are in no file, but the
+# chunk left still spans all 4 rows.
+HF_LOST_FIRST = {"save_world": 2, "load_world": 2,
+                 "saved": Layout((4,), [Shard(Box((0,), (2,)), 0), Shard(Box((2,), (2,)), 1)]),
+                 "load": {"kind": "plain"}, "reads": "own", "damage": "remove",
+                 "tensor": torch.arange(4, dtype=torch.float32)}  # fmt: skip
+HF_ROWS_TO_COLUMNS = {"save_world": 3, "load_world": 2,
+                      "saved": Layout((5, 3), [Shard(Box((0, 0), (2, 3)), 0),
+                                               Shard(Box((2, 0), (2, 3)), 1),
+                                               Shard(Box((4, 0), (1, 3)), 2)]),
+                      "load": {"kind": "dtensor", "mesh": [2], "placements": [["S", 1]]},
+                      "reads": "once", "damage": None,
+                      "tensor": torch.arange(15, dtype=torch.int32).reshape(5, 3)}  # fmt: skip
+
+
+@pytest.mark.rule("CKPT-28", "CKPT-23", "CKPT-26")
+@pytest.mark.known_defect(
+    "torch",
+    "dcp.load with HuggingFaceStorageReader takes a tensor's shape as its chunks' bounding box "
+    "and never checks that the chunks fill it: with one rank's file lost, its rows keep what "
+    "the destination held, on every rank, and the load returns (repro "
+    "dcp-hf-load-lost-file-silently)",
+    raises=AssertionError,
+    match=r"^ranks that returned=\[True",
+)
+@pytest.mark.pool
+@EXAMPLES
+@given(hf_sharded_loads())
+@example(HF_LOST_FIRST)
+@example(HF_ROWS_TO_COLUMNS)
+def test_dcps_hugging_face_format_loads_the_reference_or_fails_on_every_rank(
+    impl: Impl, pools: Any, c: dict[str, Any]
+) -> None:
+    t, load = c["tensor"], c["load"]
+    where = "a plain tensor on every rank" if load["kind"] == "plain" else _describe_load(load)
+    ex = (
+        f"DCP Hugging Face checkpoint of t={tuple(t.shape)} {t.dtype} saved on "
+        f"{c['save_world']} ranks as {describe_layout(c['saved'])}"
+        + (f", the file at t's origin: {c['damage']}" if c["damage"] else "")
+        + f"; collective load (reads={c['reads']}) on {c['load_world']} ranks into {where}"
+    )
+    with case():
+        results = impl.checkpoint_hf_sharded_load(
+            pools(c["save_world"]), pools(c["load_world"]), c["saved"], t, load, c["reads"],
+            c["damage"], ex,
+        )  # fmt: skip
+        errors = [r.value["error"] for r in results]
+        if c["damage"] is not None:
+            assert_equal("ranks that returned", [e is None for e in errors],
+                         [False] * len(errors), ex)  # fmt: skip
+            assert_equal("distinct errors", len(set(errors)), 1, ex)
+            return
+        assert_equal("errors", errors, [None] * len(results), ex)
+        for r in results:
+            want = _want(t, load, r.rank)
+            assert_equal(f"rank{r.rank}.local tensors", len(r.tensors), len(want), ex)
+            for i, (got, w) in enumerate(zip(r.tensors, want)):
+                assert_tensor_bitwise(f"rank{r.rank}.loaded[{i}]", got, w, ex)
+
+
+@st.composite
+def hf_crowded_saves(draw: st.DrawFn) -> dict[str, Any]:
+    """A round trip (test_checkpoint's) whose save puts two or more non-empty boxes of the
+    tensor on one rank, saved in DCP's Hugging Face format."""
+    c = draw(round_trips())
+    from shardspec.checkpoint.chunks import storable
+
+    c["saved"] = storable(c["saved"])
+    held = [s.rank for s in c["saved"].shards if not s.box.is_empty]
+    assume(len(held) != len(set(held)))
+    if draw(st.integers(0, 3)) == 0:
+        c["load"] = {"kind": "plain"}
+    c["reads"] = draw(st.sampled_from(READS))
+    c["damage"] = None
+    return c
+
+
+# rows 0-1 and 4-5 on rank 0, rows 2-3 and 6-7 on rank 1
+HF_TWO_A_RANK = {"save_world": 2, "load_world": 1,
+                 "saved": Layout((8,), [Shard(Box((2 * i,), (2,)), i % 2) for i in range(4)]),
+                 "load": {"kind": "plain"}, "reads": "own", "damage": None,
+                 "tensor": torch.arange(8, dtype=torch.float32)}  # fmt: skip
+
+
+@pytest.mark.rule("CKPT-28", "CKPT-26")
+@pytest.mark.known_defect(
+    "torch",
+    "HuggingFaceStorageWriter keeps one chunk of a tensor a rank (its file's tensors are keyed "
+    "by name), and HuggingFaceStorageReader loads what is left without a word: the lost "
+    "chunks' elements keep what the destination held (repro dcp-hf-writer-keeps-one-chunk-a-rank)",
+    raises=AssertionError,
+    match=r"^rank\d+\.loaded\[\d+\]",
+)
+@pytest.mark.pool
+@EXAMPLES
+@given(hf_crowded_saves())
+@example(HF_TWO_A_RANK)
+def test_dcps_hugging_face_format_of_several_chunks_a_rank_loads_or_fails_on_every_rank(
+    impl: Impl, pools: Any, c: dict[str, Any]
+) -> None:
+    t, load = c["tensor"], c["load"]
+    where = "a plain tensor on every rank" if load["kind"] == "plain" else _describe_load(load)
+    ex = (
+        f"DCP Hugging Face checkpoint of t={tuple(t.shape)} {t.dtype} saved on "
+        f"{c['save_world']} ranks as {describe_layout(c['saved'])}; collective load "
+        f"(reads={c['reads']}) on {c['load_world']} ranks into {where}"
+    )
+    with case():
+        results = impl.checkpoint_hf_sharded_load(
+            pools(c["save_world"]), pools(c["load_world"]), c["saved"], t, load, c["reads"],
+            None, ex,
+        )  # fmt: skip
+        errors = [r.value["error"] for r in results]
+        if any(e is not None for e in errors):
+            # what the writer kept cannot be the tensor: refused, alike, on every rank
+            assert_equal("ranks that returned", [e is None for e in errors],
+                         [False] * len(errors), ex)  # fmt: skip
+            assert_equal("distinct errors", len(set(errors)), 1, ex)
+            return
+        for r in results:
+            want = _want(t, load, r.rank)
+            for i, (got, w) in enumerate(zip(r.tensors, want)):
+                assert_tensor_bitwise(f"rank{r.rank}.loaded[{i}]", got, w, ex)
 
 
 @st.composite

@@ -26,6 +26,15 @@ a zero-size tensor's empty range may sit anywhere in the data (an empty range ho
 and overlaps nothing, BOX-2), where the package wants it at a boundary between tensors.
 Between files: every file the index names exists, every tensor sits in the file the index
 assigns it, and no tensor name is in two files.
+
+DCP's Hugging Face format (torch's ``HuggingFaceStorageWriter`` with ``save_distributed``, as
+transformers' distributed checkpoints are written) is a directory of such files, one a rank
+(``shard-00001-model-00001-of-00001.safetensors``), no index, each file's ``__metadata__``
+holding ``DCP_SHARDING_INFO``: JSON of tensor name -> ``{"saved_offsets": [...]}``, where
+that file's tensor lies in the checkpointed one (CKPT-28). A tensor may then be in several
+files, one chunk each. The format records no global shape: it is the chunks' bounding box, and
+the chunks must hold each of its elements exactly once (CKPT-1), so that a lost file inside
+the box is refused here and a lost file at its end shows as a shape the loader refuses.
 """
 
 from __future__ import annotations
@@ -62,6 +71,10 @@ INDEX_SUFFIX = ".safetensors.index.json"
 # before it is read, so a hostile length cannot make a rank allocate gigabytes.
 MAX_HEADER_BYTES = 100_000_000
 METADATA_KEY = "__metadata__"
+# DCP's Hugging Face format (HuggingFaceStorageWriter, save_distributed): each file's
+# __metadata__ places its tensors in the checkpointed ones (CKPT-28)
+SHARDING_INFO_KEY = "DCP_SHARDING_INFO"
+SAVED_OFFSETS_KEY = "saved_offsets"
 _DCP_METADATA_FILE = ".metadata"
 _HEADER_LEN = struct.Struct("<Q")
 
@@ -147,6 +160,9 @@ class _Tensor:
     shape: tuple[int, ...]
     begin: int  # in bytes from the data's start
     end: int
+    # where the tensor lies in its checkpointed tensor (DCP's Hugging Face format, CKPT-28);
+    # None: the file holds the whole tensor
+    offsets: tuple[int, ...] | None = None
 
 
 def data_dir(path: str | os.PathLike[str]) -> Path:
@@ -195,9 +211,12 @@ def read_headers(path: str | os.PathLike[str]) -> bytes:
 
 def metadata_from_headers(blob: bytes, path: str | os.PathLike[str]) -> Metadata:
     """DCP's ``Metadata`` of the checkpoint at ``path`` from :func:`read_headers`'s bytes
-    (every rank's step): each tensor one chunk covering it, stored as a
-    :class:`SafetensorsStorage`. The bytes are checked as :func:`read_headers` checks a file;
-    a tensor whose dtype torch cannot hold raises :class:`SafetensorsError`."""
+    (every rank's step): each tensor one chunk covering it, or, in DCP's Hugging Face format,
+    a chunk per file that holds it at the offsets the file gives and the chunks' bounding box
+    as its shape (CKPT-28); each chunk stored as a :class:`SafetensorsStorage`. The bytes are
+    checked as :func:`read_headers` checks a file; a tensor whose dtype torch cannot hold, or
+    whose chunks disagree on dtype or dims, leave an element of the box in no chunk or hold
+    one twice, raises :class:`SafetensorsError`."""
     import torch
     from torch.distributed.checkpoint.metadata import (
         ChunkStorageMetadata,
@@ -212,32 +231,79 @@ def metadata_from_headers(blob: bytes, path: str | os.PathLike[str]) -> Metadata
         parsed = json.loads(bytes(blob), parse_constant=_refuse_constant)
     except (ValueError, UnicodeDecodeError) as e:
         raise SafetensorsError(f"{path}: the broadcast headers are not JSON ({e})") from e
-    tensors = _check_blob(parsed, root)
+    by_name: dict[str, list[tuple[str, int, _Tensor]]] = {}
+    for entry in sorted(_check_blob(parsed, root), key=lambda x: (x[2].name, x[0])):
+        by_name.setdefault(entry[2].name, []).append(entry)
     sdm: dict[str, Any] = {}
     storage: dict[Any, SafetensorsStorage] = {}
-    for rel, data_start, t in sorted(tensors, key=lambda x: x[2].name):
-        dtype = torch_dtype(t.dtype, where=f"{root / rel}: tensor {t.name!r}")
-        shape = _torch_shape(t, f"{root / rel}: tensor {t.name!r}")
-        zeros = [0] * len(shape)
-        sdm[t.name] = TensorStorageMetadata(
+    for name, entries in by_name.items():
+        dtype, chunks = None, []
+        for rel, data_start, t in entries:
+            where = f"{root / rel}: tensor {name!r}"
+            this = torch_dtype(t.dtype, where=where)
+            if dtype is not None and this != dtype:
+                raise SafetensorsError(
+                    f"{where}: {t.dtype}, where {root / entries[0][0]} holds it as "
+                    f"{entries[0][2].dtype}"
+                )
+            dtype = this
+            shape = _torch_shape(t, where)
+            offsets = t.offsets if t.offsets is not None else (0,) * len(shape)
+            chunks.append((rel, offsets, shape))
+            length = t.end - t.begin
+            saved = SavedTensor(
+                dtype=this,
+                size=shape,
+                stride=_contiguous_stride(shape),
+                storage_offset=0,
+                itemsize=this.itemsize,
+                data_offset=0,
+                data_length=length,
+            )
+            storage[MetadataIndex(name, list(offsets), len(chunks) - 1)] = SafetensorsStorage(
+                rel, data_start + t.begin, length, saved
+            )
+        assert dtype is not None
+        size = _bounding_size(name, chunks, root)
+        sdm[name] = TensorStorageMetadata(
             TensorProperties(dtype=dtype),
-            torch.Size(shape),
-            [ChunkStorageMetadata(offsets=torch.Size(zeros), sizes=torch.Size(shape))],
-        )
-        length = t.end - t.begin
-        saved = SavedTensor(
-            dtype=dtype,
-            size=shape,
-            stride=_contiguous_stride(shape),
-            storage_offset=0,
-            itemsize=dtype.itemsize,
-            data_offset=0,
-            data_length=length,
-        )
-        storage[MetadataIndex(t.name, zeros, 0)] = SafetensorsStorage(
-            rel, data_start + t.begin, length, saved
+            torch.Size(size),
+            [
+                ChunkStorageMetadata(offsets=torch.Size(o), sizes=torch.Size(n))
+                for _, o, n in chunks
+            ],
         )
     return Metadata(state_dict_metadata=sdm, storage_data=storage)
+
+
+def _bounding_size(
+    name: str, chunks: list[tuple[str, tuple[int, ...], tuple[int, ...]]], root: Path
+) -> tuple[int, ...]:
+    """The shape of a tensor stored as ``chunks`` (file, offsets, sizes): DCP's Hugging Face
+    format records none, so it is the chunks' bounding box, and the chunks must hold each of
+    its elements once (CKPT-28; CKPT-1's check, its culprits named by file)."""
+    from .chunks import ChunkError, check_chunks
+
+    ndims = {len(o) for _, o, _ in chunks}
+    if len(ndims) > 1:
+        shown = ", ".join(f"{root / f} at {list(o)}" for f, o, _ in chunks)
+        raise SafetensorsError(f"tensor {name!r}: its chunks differ in dims ({shown})")
+    size = tuple(max((o[d] + n[d] for _, o, n in chunks), default=0) for d in range(ndims.pop()))
+    if len(chunks) == 1 and chunks[0][1] == (0,) * len(size):
+        return size
+    try:
+        check_chunks(name, size, [(o, n) for _, o, n in chunks])
+    except ChunkError as e:
+        culprits = ", ".join(
+            f"#{i} in {root / chunks[i][0]} at {list(chunks[i][1])} of {list(chunks[i][2])}"
+            for i in e.chunks
+            if 0 <= i < len(chunks)
+        )
+        more = f"; chunks {culprits}" if culprits else ""
+        raise SafetensorsError(
+            f"{e}: the format records no shape, so it is the chunks' bounding box{more}"
+        ) from e
+    return size
 
 
 def torch_dtype(name: str, *, where: str = "") -> torch.dtype:
@@ -393,7 +459,8 @@ def _check_blob(blob: Any, root: Path) -> list[tuple[str, int, _Tensor]]:
     files, weight_map = blob["files"], blob["weight_map"]
     if not isinstance(files, dict) or not (weight_map is None or isinstance(weight_map, dict)):
         raise SafetensorsError(f"{root}: the headers are not read_headers' form")
-    where_is: dict[str, str] = {}
+    where_is: dict[str, str] = {}  # the first file that holds each tensor
+    chunked: dict[str, tuple[int, ...] | None] = {}
     out: list[tuple[str, int, _Tensor]] = []
     for rel in sorted(files):
         _check_relative(rel, f"{root}: the file name {rel!r}")
@@ -406,11 +473,20 @@ def _check_blob(blob: Any, root: Path) -> list[tuple[str, int, _Tensor]]:
                 f"{root / rel}: data start {data_start!r} and size {file_size!r} do not fit"
             )
         for t in _check_header(entry["header"], file_size - data_start, str(root / rel)):
-            if t.name in where_is:
-                raise SafetensorsError(
-                    f"tensor {t.name!r} is in two files: {root / where_is[t.name]} and {root / rel}"
+            first = where_is.get(t.name)
+            if first is not None and (
+                t.offsets is None or chunked[t.name] is None or weight_map is not None
+            ):
+                why = (
+                    "the index gives each tensor one file"
+                    if weight_map is not None
+                    else f"not both give its place in {SHARDING_INFO_KEY}"
                 )
-            where_is[t.name] = rel
+                raise SafetensorsError(
+                    f"tensor {t.name!r} is in two files: {root / first} and {root / rel} ({why})"
+                )
+            if first is None:
+                where_is[t.name], chunked[t.name] = rel, t.offsets
             out.append((rel, data_start, t))
     if weight_map is not None:
         _check_weight_map(weight_map, where_is, set(files), root)
@@ -450,14 +526,18 @@ def _check_header(header: Any, data_len: int, where: str) -> list[_Tensor]:
     if not isinstance(header, dict):
         raise SafetensorsError(f"{where}: the header is a JSON {type(header).__name__}, not a dict")
     tensors: list[_Tensor] = []
+    places: dict[str, tuple[int, ...]] | None = None
     for name, info in header.items():
         if name == METADATA_KEY:
             if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
                 raise SafetensorsError(
                     f"{where}: {METADATA_KEY} must map strings to strings, got {info!r}"
                 )
+            places = _sharding_info(info, where)
             continue
         tensors.append(_check_tensor(name, info, data_len, f"{where}: tensor {name!r}"))
+    if places is not None:
+        tensors = _placed(tensors, places, where)
     # The format's own rule: the data is the tensors' ranges back to back, no overlap, no hole,
     # nothing after the last. Empty ranges hold nothing and may sit anywhere.
     filled = sorted((t for t in tensors if t.end > t.begin), key=lambda t: (t.begin, t.end))
@@ -480,6 +560,53 @@ def _check_header(header: Any, data_len: int, where: str) -> list[_Tensor]:
             f"{where}: data bytes [{pos}, {data_len}) after the last tensor belong to no tensor"
         )
     return tensors
+
+
+def _sharding_info(info: dict[str, str], where: str) -> dict[str, tuple[int, ...]] | None:
+    """The chunk offsets a file of DCP's Hugging Face format gives its tensors (CKPT-28):
+    ``__metadata__[DCP_SHARDING_INFO]`` is a JSON dict of tensor name -> ``{"saved_offsets":
+    [ints]}``; None when the file has none."""
+    raw = info.get(SHARDING_INFO_KEY)
+    if raw is None:
+        return None
+    key = f"{METADATA_KEY}[{SHARDING_INFO_KEY}]"
+    doc = _parse_json(raw.encode(), where, key)
+    if not isinstance(doc, dict):
+        raise SafetensorsError(f"{where}: {key} is a JSON {type(doc).__name__}, not a dict")
+    out: dict[str, tuple[int, ...]] = {}
+    for name, entry in doc.items():
+        offsets = entry.get(SAVED_OFFSETS_KEY) if isinstance(entry, dict) else None
+        if not isinstance(offsets, list) or not all(_is_int(o) and o >= 0 for o in offsets):
+            raise SafetensorsError(
+                f"{where}: {key} gives tensor {name!r} {_short(entry)}, not "
+                f'{{"{SAVED_OFFSETS_KEY}": [non-negative ints]}}'
+            )
+        out[name] = tuple(offsets)
+    return out
+
+
+def _placed(
+    tensors: list[_Tensor], places: dict[str, tuple[int, ...]], where: str
+) -> list[_Tensor]:
+    """``tensors`` with the offsets ``places`` gives them: one for each, one per dim (of the
+    tensor's torch shape), and none for a tensor the file lacks."""
+    key = f"{METADATA_KEY}[{SHARDING_INFO_KEY}]"
+    names = {t.name for t in tensors}
+    stray = sorted(set(places) - names)
+    if stray:
+        raise SafetensorsError(f"{where}: {key} places tensor {stray[0]!r}, which the file lacks")
+    out = []
+    for t in tensors:
+        offsets = places.get(t.name)
+        if offsets is None:
+            raise SafetensorsError(f"{where}: tensor {t.name!r} has no place in {key}")
+        if len(offsets) != len(t.shape):
+            raise SafetensorsError(
+                f"{where}: {key} places tensor {t.name!r} of shape {list(t.shape)} at "
+                f"{list(offsets)}: {len(offsets)} offsets for {len(t.shape)} dims"
+            )
+        out.append(_Tensor(t.name, t.dtype, t.shape, t.begin, t.end, offsets))
+    return out
 
 
 def _check_tensor(name: str, info: Any, data_len: int, where: str) -> _Tensor:

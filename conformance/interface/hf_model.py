@@ -44,3 +44,17 @@ class HfModel(Adapter):
         its distributed checkpoint; ``"safetensors"``, its consolidated files) and loaded
         from what it saved on ``load_mesh``: each loading rank's parameters."""
         raise self.unsupported("saving and loading a distributed model")
+
+    def hf_save_shardspec_load(
+        self,
+        model: dict[str, Any],
+        save_mesh: dict[str, int],
+        fmt: str,
+        load_mesh: dict[str, int],
+        example: str,
+    ) -> dict[int, dict[str, dict[str, Any]]]:
+        """As :meth:`hf_save_load`, but what the library saved is loaded by
+        ``shardspec.checkpoint.load`` (CKPT-22, CKPT-28) into the parameters of the model the
+        library loaded from ``model`` on ``load_mesh`` (its own layouts), every parameter
+        zeroed first: each loading rank's parameters."""
+        raise self.unsupported("saving a distributed model for shardspec's load")

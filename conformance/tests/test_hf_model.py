@@ -147,3 +147,32 @@ def test_a_save_on_one_mesh_loads_on_another(
     with case():
         got = impl.hf_save_load(model, save, fmt, load, ex)
         check_shards(got, model["weights"], load["tp"] * load["fsdp"], ex)
+
+
+OURS = [
+    (MESHES[2], "dcp", MESHES[0]),
+    (MESHES[0], "safetensors", MESHES[1]),
+]
+
+
+@pytest.mark.rule("CKPT-28", "CKPT-22", "CKPT-23", "DTENSOR-4")
+@pytest.mark.parametrize(
+    ("save", "fmt", "load"),
+    OURS,
+    ids=[f"{fmt}-tp{s['tp']}fsdp{s['fsdp']}-to-tp{d['tp']}fsdp{d['fsdp']}" for s, fmt, d in OURS],
+)
+def test_shardspecs_load_of_a_save_fills_the_librarys_own_layouts(
+    impl: Impl, save: dict[str, int], fmt: str, load: dict[str, int]
+) -> None:
+    """shardspec.checkpoint.load reads what the library saved (its DCP Hugging Face format,
+    or its consolidated safetensors) into the tensor-parallel layouts the library gives its
+    model on another mesh: every shard is what from_pretrained gives it, the reference's
+    slice."""
+    model = llama(37, 24)
+    ex = (
+        f"a Llama of vocabulary 37 loaded on {_mesh(save)}, saved ({fmt}), loaded by "
+        f"shardspec.checkpoint.load into its layouts on {_mesh(load)}"
+    )
+    with case():
+        got = impl.hf_save_shardspec_load(model, save, fmt, load, ex)
+        check_shards(got, model["weights"], load["tp"] * load["fsdp"], ex)

@@ -76,6 +76,29 @@ class TransformersImpl(HfModel):
             raise_failed(f"load of the {fmt} save", got, example)
         return {r: v for r, (_, v) in got.items()}
 
+    def hf_save_shardspec_load(
+        self,
+        model: dict[str, Any],
+        save_mesh: dict[str, int],
+        fmt: str,
+        load_mesh: dict[str, int],
+        example: str,
+    ) -> dict[int, dict[str, dict[str, Any]]]:
+        with tempfile.TemporaryDirectory(prefix="shardspec-transformers-") as path:
+            _write(path, model)
+            out = os.path.join(path, "saved")
+            saved = _world(
+                f"{WORLDS}:save_world", save_mesh, path, save_mesh["tp"], save_mesh["fsdp"],
+                fmt, out,
+            )  # fmt: skip
+            raise_failed(f"save ({fmt})", saved, example)
+            got = _world(
+                f"{WORLDS}:shardspec_load_world", load_mesh, path, load_mesh["tp"],
+                load_mesh["fsdp"], out,
+            )  # fmt: skip
+            raise_failed(f"shardspec's load of the {fmt} save", got, example)
+        return {r: v for r, (_, v) in got.items()}
+
 
 def _write(path: str, model: dict[str, Any]) -> None:
     from conformance.peers.transformers.worlds import write_model

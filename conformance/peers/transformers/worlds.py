@@ -68,3 +68,20 @@ def save_world(
     model = _load(path, tp, fsdp)
     model.save_pretrained(out, distributed_checkpoint=fmt == "dcp")
     return _shards(model)
+
+
+def shardspec_load_world(
+    rank: int, world: int, path: str, tp: int, fsdp: int, saved: str
+) -> dict[str, Any]:
+    """``from_pretrained`` of ``path`` on a (fsdp, tp) mesh for its layouts, every parameter
+    zeroed, then ``shardspec.checkpoint.load`` of what transformers saved at ``saved`` into
+    the parameters: each parameter's shard."""
+    from shardspec.checkpoint import load
+
+    model = _load(path, tp, fsdp)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for p in params.values():
+            p.zero_()
+    load(params, saved)
+    return _shards(model)

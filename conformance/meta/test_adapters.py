@@ -123,6 +123,17 @@ class OffByOneKnownThenOther(OffByOneKnown):
         return super().chunk_layout(shape, dim, ranks)
 
 
+class BothKnown(OffByOneKnownThenOther):
+    """Both defects declared, each its own entry (two keys naming the one test)."""
+
+    known_defects = {
+        **OffByOneKnown.known_defects,
+        "conformance/tests/test_chunk.py::test_chunk_spec_follows_the_chunk_rule": KnownDefect(
+            "fewer ranks raise", raises=RuntimeError, match=r"^a second defect", issue="outside#2"
+        ),
+    }
+
+
 class KnownButFixed(Outside):
     """Declares a defect it does not have."""
 
@@ -247,14 +258,15 @@ def test_an_outside_adapter_runs_the_suite(outside: Path, tmp_path: Path) -> Non
 def test_a_known_defect_does_not_hide_the_drawn_examples(outside: Path, tmp_path: Path) -> None:
     """With SHARDSPEC_DRAW_PAST_KNOWN=1: the chunk rule's explicit example (4,100 ranks) meets
     the known defect; the drawn ones still run against that adapter, and a second defect among
-    them fails the test."""
-    logs = {name: tmp_path / f"{name}.log" for name in ("known", "other", "fixed")}
+    them fails the test, unless it is declared too."""
+    logs = {name: tmp_path / f"{name}.log" for name in ("known", "other", "both", "fixed")}
     on = {"SHARDSPEC_DRAW_PAST_KNOWN": "1"}
     runs = {
         "known": _start(outside, f"{MODULE}:OffByOneKnownLogged", CHUNK_RULE, logs["known"], **on),
         "other": _start(
             outside, f"{MODULE}:OffByOneKnownThenOther", CHUNK_RULE, logs["other"], **on
         ),
+        "both": _start(outside, f"{MODULE}:BothKnown", CHUNK_RULE, logs["both"], **on),
         "fixed": _start(outside, f"{MODULE}:KnownButFixed", CHUNK_RULE, logs["fixed"], **on),
     }
     done = {name: _finish(proc) for name, proc in runs.items()}
@@ -268,6 +280,11 @@ def test_a_known_defect_does_not_hide_the_drawn_examples(outside: Path, tmp_path
     code, out = done["other"]
     assert code == 1 and re.search(r"1 failed", out), out
     assert "RuntimeError: a second defect, behind the known one" in out, out
+
+    # the second defect declared too: the test is an expected failure of either
+    code, out = done["both"]
+    assert code == 0 and re.search(r"1 xfailed", out), out
+    assert "outside: chunks after the first start" in out and "outside: fewer ranks" in out, out
 
     code, out = done["fixed"]
     assert code == 1 and re.search(r"1 failed", out), out

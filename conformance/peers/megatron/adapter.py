@@ -43,12 +43,17 @@ NOT_CHECKPOINTING = (
 
 def entries_of(layout: Layout) -> list[list[Any]]:
     """``[rank, offsets, sizes, replica_id, cell]`` per shard of ``layout``, in its order:
-    a box held by several ranks is a replica, ``replica_id`` counting its holders in order."""
-    seen: Counter[Box] = Counter()
+    a box held by several ranks is a replica, ``replica_id`` counting its holders in order. A
+    box twice on one rank is that rank's one copy stated twice (the same replica_id), not a
+    replica: a layout the save must refuse (CKPT-4), asked of Megatron as such."""
+    holders: dict[Box, list[int]] = {}
     out: list[list[Any]] = []
     for s in layout.shards:
-        out.append([s.rank, list(s.box.offsets), list(s.box.sizes), seen[s.box], [0] * s.box.ndim])
-        seen[s.box] += 1
+        ranks = holders.setdefault(s.box, [])
+        if s.rank not in ranks:
+            ranks.append(s.rank)
+        replica = ranks.index(s.rank)
+        out.append([s.rank, list(s.box.offsets), list(s.box.sizes), replica, [0] * s.box.ndim])
     return out
 
 
@@ -227,6 +232,13 @@ class MegatronImpl(Checkpoint, CheckpointFiles, Refit):
     ) -> dict[int, str]:
         from shardspec.testing import RankError
 
+        if not saved.shards:
+            # Megatron knows a tensor only through the ShardedTensors of its pieces: a layout
+            # in which no rank holds one (not even an empty one) is no save at all.
+            raise self.unsupported(
+                "a save of a tensor no rank holds a piece of: Megatron's save has no means to "
+                "state its shape"
+            )
         try:
             self.save(pool, path, tuple(tensor.shape), entries_of(saved), tensor, example)
         except RankError as e:

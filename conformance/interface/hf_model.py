@@ -32,19 +32,6 @@ class HfModel(Adapter):
         ``fsdp``): each rank's parameters, as the module docstring says."""
         raise self.unsupported("distributed loading of a safetensors model")
 
-    def hf_save_load(
-        self,
-        model: dict[str, Any],
-        save_mesh: dict[str, int],
-        fmt: str,
-        load_mesh: dict[str, int],
-        example: str,
-    ) -> dict[int, dict[str, dict[str, Any]]]:
-        """As :meth:`hf_load` on ``save_mesh``, then saved by the library (``fmt``: ``"dcp"``,
-        its distributed checkpoint; ``"safetensors"``, its consolidated files) and loaded
-        from what it saved on ``load_mesh``: each loading rank's parameters."""
-        raise self.unsupported("saving and loading a distributed model")
-
     def hf_save_shardspec_load(
         self,
         model: dict[str, Any],
@@ -53,8 +40,38 @@ class HfModel(Adapter):
         load_mesh: dict[str, int],
         example: str,
     ) -> dict[int, dict[str, dict[str, Any]]]:
-        """As :meth:`hf_save_load`, but what the library saved is loaded by
+        """As :meth:`hf_load` on ``save_mesh``, then saved by the library (``fmt``: ``"dcp"``,
+        its distributed checkpoint; ``"safetensors"``, its consolidated files); what it saved
+        is loaded by
         ``shardspec.checkpoint.load`` (CKPT-22, CKPT-28) into the parameters of the model the
         library loaded from ``model`` on ``load_mesh`` (its own layouts), every parameter
         zeroed first: each loading rank's parameters."""
         raise self.unsupported("saving a distributed model for shardspec's load")
+
+    def hf_save_load_pairs(
+        self, model: dict[str, Any], meshes: list[dict[str, int]], example: str
+    ) -> dict[str, Any]:
+        """As :meth:`hf_load` on each of ``meshes``, saved there in both formats, and each of
+        those saves loaded on each of ``meshes``: ``{"saved": {i: each rank's parameters on
+        meshes[i] when it saved}, "loaded": {(i, fmt, j): each rank's parameters on
+        meshes[j], loaded from the ``fmt`` save ("dcp" or "safetensors") made on
+        meshes[i]}, "chunks": {i: {name: [(offsets, tensor), ...]}}}``, where ``chunks`` are
+        the pieces of each parameter the ``"dcp"`` save on meshes[i] holds, each at the
+        offsets its file records."""
+        raise self.unsupported("saving and loading a distributed model")
+
+    def hf_optimizer_round_trip(
+        self,
+        model: dict[str, Any],
+        moments: dict[str, Any],
+        save_mesh: dict[str, int],
+        load_mesh: dict[str, int],
+        example: str,
+    ) -> dict[str, Any]:
+        """As :meth:`hf_load` on ``save_mesh``, with an AdamW optimizer whose moments are set
+        to ``moments`` (full tensors by ``"<parameter>:exp_avg"`` and
+        ``"<parameter>:exp_avg_sq"``), saved by the library's distributed optimizer save and
+        loaded by its distributed optimizer load into a fresh AdamW of the model loaded on
+        ``load_mesh``: ``{"saved": each saving rank's moments, "loaded": each loading rank's
+        moments}``, each rank's as a rank's parameters are given, keyed as ``moments``."""
+        raise self.unsupported("a distributed optimizer save and load")

@@ -3,7 +3,9 @@ library made from the reference (each weight's rows or columns chunked over the 
 tensor-parallel plan does, locals sliced by the reference's DTensor indices) passes, and each
 seeded defect fails with the rank and the weight named: a shard read one row late (an
 off-by-one in slicing straight from safetensors), and the last rows of an uneven vocabulary
-held by no rank (the lost data reported under column-wise plans)."""
+held by no rank (the lost data reported under column-wise plans). Its distributed checkpoint's
+pieces too: the reference's (each rank's box once) pass, and a piece placed one row off, a
+replica saved twice and a lost piece are each caught with the weight named."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import torch
 from conformance import reference
 from conformance.cases import case
 from conformance.interface import HfModel
-from conformance.tests.test_hf_model import MESHES, check_shards, llama, take
+from conformance.tests.test_hf_model import MESHES, check_chunks, check_shards, llama, take
 
 
 class ReferenceLibrary(HfModel):
@@ -92,3 +94,74 @@ def test_each_seeded_defect_is_caught(
     got = ReferenceLibrary(seed).hf_load(model, mesh, "meta")
     with pytest.raises(AssertionError, match=message), case():
         check_shards(got, model["weights"], mesh["tp"] * mesh["fsdp"], "meta")
+
+
+def reference_chunks(
+    saved: dict[int, dict[str, dict[str, Any]]], weights: dict[str, torch.Tensor]
+) -> dict[str, list[tuple[Any, torch.Tensor]]]:
+    """What a distributed checkpoint of ``saved`` holds: each distinct non-empty box once."""
+    out: dict[str, list[tuple[Any, torch.Tensor]]] = {}
+    for name, full in weights.items():
+        seen = set()
+        for r in sorted(saved):
+            shard = saved[r][name]
+            if not shard["mesh"]:
+                idx = [list(range(n)) for n in full.shape]
+            else:
+                idx = reference.dtensor_indices(
+                    full.shape, shard["mesh"], shard["placements"], shard["coordinate"]
+                )
+            if any(not i for i in idx):
+                continue
+            offsets = tuple(i[0] for i in idx)
+            if offsets in seen:
+                continue
+            seen.add(offsets)
+            out.setdefault(name, []).append((list(offsets), take(full, idx)))
+    return out
+
+
+def _piece_one_row_off(chunks: dict[str, Any]) -> None:
+    """lm_head's second piece recorded one row later than it lies."""
+    offsets, t = chunks["lm_head.weight"][1]
+    chunks["lm_head.weight"][1] = ([offsets[0] + 1, *offsets[1:]], t)
+
+
+def _replica_twice(chunks: dict[str, Any]) -> None:
+    """A replicated norm weight saved by two ranks."""
+    chunks["model.norm.weight"].append(chunks["model.norm.weight"][0])
+
+
+def _lost_piece(chunks: dict[str, Any]) -> None:
+    """The embedding's last piece missing (its file lost)."""
+    chunks["model.embed_tokens.weight"].pop()
+
+
+@pytest.mark.rule("CONF-5")
+@pytest.mark.parametrize("mesh", MESHES, ids=["tp4", "fsdp4", "tp2fsdp2"])
+def test_the_reference_checkpoints_pieces_pass(mesh: dict[str, int]) -> None:
+    model = llama(37, 24)
+    saved = ReferenceLibrary().hf_load(model, mesh, "meta")
+    with case():
+        check_chunks(reference_chunks(saved, model["weights"]), saved, model["weights"], "meta")
+
+
+@pytest.mark.rule("CONF-5")
+@pytest.mark.parametrize(
+    ("seed", "message"),
+    [
+        (_piece_one_row_off, r"lm_head\.weight piece at \[\d+, 0\]"),
+        (_replica_twice, r"model\.norm\.weight: saved pieces .* each once"),
+        (_lost_piece, r"model\.embed_tokens\.weight: saved pieces .* each once"),
+    ],
+    ids=["one-row-off", "replica-twice", "lost-piece"],
+)
+def test_each_seeded_checkpoint_defect_is_caught(
+    seed: Callable[[dict[str, Any]], None], message: str
+) -> None:
+    model = llama(37, 24)
+    saved = ReferenceLibrary().hf_load(model, MESHES[0], "meta")
+    chunks = reference_chunks(saved, model["weights"])
+    seed(chunks)
+    with pytest.raises(AssertionError, match=message), case():
+        check_chunks(chunks, saved, model["weights"], "meta")

@@ -125,28 +125,72 @@ def test_every_ranks_loaded_shard_is_its_placements_slice(
         check_shards(got, model["weights"], mesh["tp"] * mesh["fsdp"], ex)
 
 
-SAVES = [
-    (MESHES[0], "dcp", MESHES[1]),
-    (MESHES[2], "dcp", MESHES[0]),
-    (MESHES[1], "safetensors", MESHES[2]),
-    (MESHES[0], "safetensors", MESHES[2]),
-]
-
-
-@pytest.mark.rule("CKPT-20", "DTENSOR-4")
-@pytest.mark.parametrize(
-    ("save", "fmt", "load"),
-    SAVES,
-    ids=[f"{fmt}-tp{s['tp']}fsdp{s['fsdp']}-to-tp{d['tp']}fsdp{d['fsdp']}" for s, fmt, d in SAVES],
-)
-def test_a_save_on_one_mesh_loads_on_another(
-    impl: Impl, save: dict[str, int], fmt: str, load: dict[str, int]
+def check_chunks(
+    chunks: dict[str, list[tuple[Any, torch.Tensor]]],
+    saved: dict[int, dict[str, dict[str, Any]]],
+    weights: dict[str, torch.Tensor],
+    ex: str,
 ) -> None:
+    """A distributed checkpoint's pieces of each weight (CKPT-28, CKPT-1): each placed by its
+    file, holding the reference's values at that place, and together the distinct non-empty
+    boxes of the saving ranks' placements, each once."""
+    for name, full in weights.items():
+        boxes: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
+        for r, shards in sorted(saved.items()):
+            shard = shards[name]
+            if shard["mesh"]:
+                idx = reference.dtensor_indices(
+                    full.shape, shard["mesh"], shard["placements"], shard["coordinate"]
+                )
+            else:
+                idx = [list(range(n)) for n in full.shape]
+            if any(not i for i in idx):
+                continue
+            if any(i != list(range(i[0], i[0] + len(i))) for i in idx):
+                raise AssertionError(
+                    f"rank {r} {name}: its piece under {shard['placements']} is no box, so no "
+                    f"one chunk can hold it [{ex}]"
+                )
+            boxes.add((tuple(i[0] for i in idx), tuple(len(i) for i in idx)))
+        got = chunks.get(name, [])
+        found: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+        for offsets, t in got:
+            if offsets is None or len(offsets) != full.dim():
+                raise AssertionError(f"{name}: a piece with offsets {offsets} [{ex}]")
+            box = (tuple(offsets), tuple(t.shape))
+            if t.numel() == 0:
+                continue
+            region = tuple(slice(o, o + n) for o, n in zip(*box))
+            assert_tensor_bitwise(
+                f"{name} piece at {list(offsets)}", t, full[region], ex, "CKPT-28"
+            )
+            found.append(box)
+        if sorted(found) != sorted(boxes):
+            raise AssertionError(
+                f"{name}: saved pieces {sorted(found)}, but the saving ranks' boxes are "
+                f"{sorted(boxes)}, each once (CKPT-1) [{ex}]"
+            )
+
+
+@pytest.mark.rule("CKPT-20", "CKPT-28", "CKPT-1", "DTENSOR-4")
+def test_every_save_loads_on_every_mesh_and_holds_the_saving_meshs_boxes(impl: Impl) -> None:
+    """Saved on each mesh in both formats and loaded on each: every rank's shard is the
+    reference's slice (9 pairs a format), and the distributed checkpoint's pieces are the
+    saving ranks' boxes."""
     model = llama(37, 24)
-    ex = f"a Llama of vocabulary 37 loaded on {_mesh(save)}, saved ({fmt}), loaded on {_mesh(load)}"
+    ex = "a Llama of vocabulary 37 saved on each of tp 4, fsdp 4, tp 2 x fsdp 2"
     with case():
-        got = impl.hf_save_load(model, save, fmt, load, ex)
-        check_shards(got, model["weights"], load["tp"] * load["fsdp"], ex)
+        got = impl.hf_save_load_pairs(model, MESHES, ex)
+        for i, save in enumerate(MESHES):
+            check_shards(got["saved"][i], model["weights"], save["tp"] * save["fsdp"], ex)
+            check_chunks(got["chunks"][i], got["saved"][i], model["weights"],
+                         f"{ex}: the DCP save on {_mesh(save)}")  # fmt: skip
+        for i, save in enumerate(MESHES):
+            for fmt in ("dcp", "safetensors"):
+                for j, load in enumerate(MESHES):
+                    where = f"{ex}: saved ({fmt}) on {_mesh(save)}, loaded on {_mesh(load)}"
+                    check_shards(got["loaded"][(i, fmt, j)], model["weights"],
+                                 load["tp"] * load["fsdp"], where)  # fmt: skip
 
 
 OURS = [
@@ -176,3 +220,33 @@ def test_shardspecs_load_of_a_save_fills_the_librarys_own_layouts(
     with case():
         got = impl.hf_save_shardspec_load(model, save, fmt, load, ex)
         check_shards(got, model["weights"], load["tp"] * load["fsdp"], ex)
+
+
+OPTIMIZER = [(MESHES[2], MESHES[0]), (MESHES[0], MESHES[1]), (MESHES[1], MESHES[2])]
+
+
+@pytest.mark.rule("CKPT-20", "DTENSOR-4")
+@pytest.mark.parametrize(
+    ("save", "load"),
+    OPTIMIZER,
+    ids=[f"tp{s['tp']}fsdp{s['fsdp']}-to-tp{d['tp']}fsdp{d['fsdp']}" for s, d in OPTIMIZER],
+)
+def test_adam_moments_saved_on_one_mesh_load_on_another(
+    impl: Impl, save: dict[str, int], load: dict[str, int]
+) -> None:
+    """AdamW's moments, every element distinct, set on one mesh (each rank its placements'
+    slice), saved by the library's distributed optimizer save and loaded by its distributed
+    optimizer load on another: every rank's shard of every moment is the reference's slice,
+    when saved and when loaded."""
+    model = llama(37, 24)
+    moments = {}
+    for name, w in model["weights"].items():
+        moments[f"{name}:exp_avg"] = w + 0.5
+        moments[f"{name}:exp_avg_sq"] = w + 0.25
+    ex = (
+        f"AdamW moments of a Llama of vocabulary 37 saved on {_mesh(save)}, loaded on {_mesh(load)}"
+    )
+    with case():
+        got = impl.hf_optimizer_round_trip(model, moments, save, load, ex)
+        check_shards(got["saved"], moments, save["tp"] * save["fsdp"], f"{ex}: when saved")
+        check_shards(got["loaded"], moments, load["tp"] * load["fsdp"], f"{ex}: when loaded")

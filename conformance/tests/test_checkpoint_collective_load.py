@@ -465,6 +465,18 @@ HF_ROWS_TO_COLUMNS = {"save_world": 3, "load_world": 2,
 def test_dcps_hugging_face_format_loads_the_reference_or_fails_on_every_rank(
     impl: Impl, pools: Any, c: dict[str, Any]
 ) -> None:
+    # Two empty boxes at one offset: DCP's writer keeps one chunk an offset (CKPT-1), and
+    # the one it drops may be all that said how far the tensor reaches; a load into the
+    # tensor's shape is then refused (CKPT-28), and either outcome is right.
+    offsets = [s.box.offsets for s in c["saved"].shards]
+    refused = True if c["damage"] else None if len(set(offsets)) < len(offsets) else False
+    _hf_round_trip(impl, pools, c, refused=refused)
+
+
+def _hf_round_trip(impl: Impl, pools: Any, c: dict[str, Any], refused: bool | None) -> None:
+    """A save in DCP's Hugging Face format and a collective load of it: refused alike on
+    every rank (``refused``), the reference on every rank (not ``refused``), or either
+    (None)."""
     t, load = c["tensor"], c["load"]
     where = "a plain tensor on every rank" if load["kind"] == "plain" else _describe_load(load)
     ex = (
@@ -479,7 +491,7 @@ def test_dcps_hugging_face_format_loads_the_reference_or_fails_on_every_rank(
             c["damage"], ex,
         )  # fmt: skip
         errors = [r.value["error"] for r in results]
-        if c["damage"] is not None:
+        if refused or (refused is None and any(e is not None for e in errors)):
             assert_equal("ranks that returned", [e is None for e in errors],
                          [False] * len(errors), ex)  # fmt: skip
             assert_equal("distinct errors", len(set(errors)), 1, ex)
@@ -532,29 +544,8 @@ HF_TWO_A_RANK = {"save_world": 2, "load_world": 1,
 def test_dcps_hugging_face_format_of_several_chunks_a_rank_loads_or_fails_on_every_rank(
     impl: Impl, pools: Any, c: dict[str, Any]
 ) -> None:
-    t, load = c["tensor"], c["load"]
-    where = "a plain tensor on every rank" if load["kind"] == "plain" else _describe_load(load)
-    ex = (
-        f"DCP Hugging Face checkpoint of t={tuple(t.shape)} {t.dtype} saved on "
-        f"{c['save_world']} ranks as {describe_layout(c['saved'])}; collective load "
-        f"(reads={c['reads']}) on {c['load_world']} ranks into {where}"
-    )
-    with case():
-        results = impl.checkpoint_hf_sharded_load(
-            pools(c["save_world"]), pools(c["load_world"]), c["saved"], t, load, c["reads"],
-            None, ex,
-        )  # fmt: skip
-        errors = [r.value["error"] for r in results]
-        if any(e is not None for e in errors):
-            # what the writer kept cannot be the tensor: refused, alike, on every rank
-            assert_equal("ranks that returned", [e is None for e in errors],
-                         [False] * len(errors), ex)  # fmt: skip
-            assert_equal("distinct errors", len(set(errors)), 1, ex)
-            return
-        for r in results:
-            want = _want(t, load, r.rank)
-            for i, (got, w) in enumerate(zip(r.tensors, want)):
-                assert_tensor_bitwise(f"rank{r.rank}.loaded[{i}]", got, w, ex)
+    # what the writer kept may not be the tensor: then refused, alike, on every rank
+    _hf_round_trip(impl, pools, c, refused=None)
 
 
 @st.composite

@@ -112,6 +112,9 @@ def _full(engine: Any) -> dict[str, dict[str, torch.Tensor]]:
             "exp_avg": safe_get_full_optimizer_state(p, "exp_avg"),
             "exp_avg_sq": safe_get_full_optimizer_state(p, "exp_avg_sq"),
         }
+        if getattr(p, "ds_numel", p.numel()) == 0:  # ZeRO-3's own p.numel() is its partition's
+            # no element: DeepSpeed keeps it out of the optimizer, and there is nothing to read
+            got = {k: torch.zeros(0) if v is None else v for k, v in got.items()}
         out[name] = {k: v.detach().clone().reshape(-1) for k, v in got.items() if v is not None}
     if getattr(engine, "zero_optimization_stage", lambda: 0)() == 3:
         import deepspeed

@@ -156,12 +156,16 @@ def _no_metadata(path: Path) -> str:
 @pytest.mark.rule("CKPT-26")
 @pytest.mark.parametrize("reads", ["own", "once"])
 @pytest.mark.parametrize("spoil", [_truncate, _remove, _garble_metadata, _no_metadata])
+@pytest.mark.parametrize("world", [2, 4])  # 4: the metadata travels as columns (CKPT-23)
 def test_a_damaged_checkpoint_fails_on_every_rank_naming_the_file(
-    pools: dict[int, RankPool], tmp_path: Path, reads: str, spoil: Any
+    pools: dict[int, RankPool], tmp_path: Path, reads: str, spoil: Any, world: int
 ) -> None:
     pools[4].call(save, str(tmp_path), entries(ON_4, 1), True)
     name = spoil(tmp_path)
-    answers = pools[2].call(load_failing, str(tmp_path), entries(ON_4, 2), reads)
+    # loaded on 4 as saved, on 2 as its second layouts
+    answers = pools[world].call(
+        load_failing, str(tmp_path), entries(ON_4, 1 if world == 4 else 2), reads
+    )
     error = same_error_everywhere(answers)
     assert name in error, error
     if name != ".metadata":

@@ -26,7 +26,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .dcp_files import DamagedItem, HeaderCache, SavedTensor, read_file_range
 from .dcp_reader import WHOLE_ITEM_BYTES, CheckpointReadError, _where, truncated
@@ -44,6 +44,16 @@ _BATCH_BYTES = 256 << 20
 _INDEX_BYTES = 64 << 20
 
 
+class ChunkAt(NamedTuple):
+    """A saved chunk as error messages name it (``_where`` reads ``fqn`` and ``offset``, as
+    of a ``MetadataIndex``): a tuple is made for each of thousands of small chunks a load
+    reads, where a ``MetadataIndex`` costs several times that."""
+
+    fqn: str
+    offset: tuple[int, ...]
+    position: int  # in the tensor's chunks
+
+
 @dataclass
 class Piece:
     """Where one overlap of a saved chunk goes: ``out`` (a destination tensor) at
@@ -59,7 +69,7 @@ class Piece:
 class SmallChunk:
     """A saved chunk a rank reads whole: its storage entry and the pieces it fills."""
 
-    index: Any  # MetadataIndex
+    index: Any  # a MetadataIndex or a ChunkAt: what names the chunk in an error
     path: str  # the file's path
     offset: int
     length: int

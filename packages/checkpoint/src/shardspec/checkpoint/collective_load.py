@@ -647,23 +647,25 @@ class _SmallEntries:
     """Where each saved chunk of the load's tensors lies, when :mod:`.chunk_spans` can read it
     (a small plain DCP chunk). The storage entries are filed by (key, offset) in one pass: a
     lookup per chunk (a ``MetadataIndex`` made and hashed) costs several times that for
-    thousands of chunks, and only the chunks this rank reads are looked at further."""
+    thousands of chunks, and only the chunks this rank reads are looked at further. From the
+    column encoding (CKPT-23) a tensor's chunks are read as plain lists, once a tensor: no
+    chunk or index object is made for a small chunk (2,000 tensors of 4 chunks read on 4
+    ranks: 24 us a chunk with them, spec/09-checkpoint.md "Measured")."""
 
     def __init__(self, reader: Any, targets: Sequence[Target]) -> None:
-        from torch.distributed.checkpoint.metadata import MetadataIndex
-
-        from .chunk_spans import Piece, SmallChunk, small_entry
+        from .chunk_spans import ChunkAt, Piece, SmallChunk, small_entry
         from .dcp import chunk_overlaps
         from .dcp_columns import ColumnStorage
 
         # held here: a relative import in a function costs ~1.5 us (importlib's bookkeeping),
         # once a chunk or a tensor, thousands of times a load
         self._piece, self._small_chunk, self._small_entry = Piece, SmallChunk, small_entry
-        self._overlaps, self._index = chunk_overlaps, MetadataIndex
+        self._overlaps, self._at_name = chunk_overlaps, ChunkAt
         self._base = str(reader.path)
-        self._files: dict[str, str] = {}
+        self._files: dict[Any, str] = {}
         storage = reader.storage_data
         self._at: dict[tuple[str, tuple[int, ...]], tuple[Any, Any]] = {}
+        self._rows: dict[str, tuple[list[list[int]], list[list[int]], list[list[int]]]] = {}
         if isinstance(storage, ColumnStorage):
             # the column encoding files each chunk's entry by its position: none is made
             # unless this rank reads that chunk
@@ -677,29 +679,37 @@ class _SmallEntries:
             if index.fqn in keys
         }
 
+    def _path(self, rel: Any) -> str:
+        where = self._files.get(rel)
+        if where is None:
+            name = self._columns.file(rel) if self._columns is not None else rel
+            where = self._files[rel] = os.path.join(self._base, name)
+        return where
+
     def chunk(self, t: Target, si: int, pieces: list[Any]) -> Any:
         """Saved chunk ``si`` of ``t`` filling ``pieces``, as :mod:`.chunk_spans` reads it, or
         None when it cannot (or the metadata has no storage entry for it)."""
-        c = t.saved.chunks[si]
         if self._columns is not None:
-            entry = self._columns.entry(t.key, si)
-            if entry is None:
+            rows = self._rows.get(t.key)
+            if rows is None:
+                rows = self._rows[t.key] = self._columns.rows(t.key)
+            offsets, sizes, entries = rows
+            f, offset, length = entries[si]
+            if f < 0 or length > WHOLE_ITEM_BYTES:
                 return None
-            rel, offset, length = entry
-            if length > WHOLE_ITEM_BYTES:
-                return None
-            index = self._index(t.key, c.offsets, si)
-        else:
-            found = self._at.get((t.key, tuple(c.offsets)))
-            if found is None or not self._small_entry(found[1]):
-                return None
-            index, info = found
-            rel, offset, length = info.relative_path, int(info.offset), int(info.length)
-        where = self._files.get(rel)
-        if where is None:
-            where = self._files[rel] = os.path.join(self._base, rel)
-        return self._small_chunk(index, where, offset, length,
-                                 t.saved.properties.dtype, tuple(c.sizes), pieces)  # fmt: skip
+            index: Any = self._at_name(t.key, tuple(offsets[si]), si)
+            dtype = t.saved.properties.dtype
+            return self._small_chunk(
+                index, self._path(f), offset, length, dtype, tuple(sizes[si]), pieces
+            )
+        c = t.saved.chunks[si]
+        found = self._at.get((t.key, tuple(c.offsets)))
+        if found is None or not self._small_entry(found[1]):
+            return None
+        index, info = found
+        return self._small_chunk(index, self._path(info.relative_path), int(info.offset),
+                                 int(info.length), t.saved.properties.dtype, tuple(c.sizes),
+                                 pieces)  # fmt: skip
 
     def chunks_of(self, t: Target, boxes: Sequence[Box]) -> list[Any] | None:
         """The saved chunks of ``t`` that ``boxes`` (this rank's) overlap, with the pieces each

@@ -286,6 +286,17 @@ class ColumnStorage(Mapping[Any, Any]):
             return None
         return int(at[0]) if len(at) else None
 
+    def rows(self, fqn: str) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+        """Every chunk of ``fqn`` as plain lists: its offsets, its sizes, and its entry as
+        (file number, offset, length), file number -1 where it has none (:meth:`file`)."""
+        chunks, entries = self._per[fqn]
+        offsets, sizes = chunks.arrays
+        return offsets.tolist(), sizes.tolist(), entries.tolist()
+
+    def file(self, number: int) -> str:
+        """The relative path of file ``number`` of :meth:`rows`."""
+        return self._files[number]
+
     def entry(self, fqn: str, position: int) -> tuple[str, int, int] | None:
         """(file, offset, length) of chunk ``position`` of ``fqn``, or None without one."""
         f, offset, length = self._per[fqn][1][position].tolist()

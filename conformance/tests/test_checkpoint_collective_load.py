@@ -27,11 +27,12 @@ from conformance.assertions import assert_equal, assert_tensor_bitwise, describe
 from conformance.cases import case
 from conformance.codec import layout_from_json, layout_to_json
 from conformance.impls import Impl
+from conformance.strategies import world_sizes
 from shardspec.checkpoint.storage import storage_kind
 from shardspec.metadata import Box, Layout, Shard
 from shardspec.testing.devices import simulated_worlds
 
-from .test_checkpoint import ROWS_TO_COLUMNS_BF16, _describe_load, round_trips
+from .test_checkpoint import MAX_SIMULATED, ROWS_TO_COLUMNS_BF16, _describe_load, round_trips
 
 READS = ("own", "once", "auto")
 # what reads="auto" is told of the storage (None: it finds out; CKPT-25)
@@ -609,3 +610,149 @@ def test_a_collective_load_refuses_a_chunk_list_with_a_gap_or_an_overlap_on_ever
         first = str(errors[0])
         assert_equal("the error names the tensor ('t')", bool(re.search(r"['\"]t['\"]", first)),
                      True, f"{ex}: {first}")  # fmt: skip
+
+
+# ------------------------------------------------ reads="once" at the sizes of its own paths
+# CKPT-24's sizes, restated here from the spec (not imported from the implementation): a saved
+# chunk larger than both the fair share and this is read in row runs; a run larger than a
+# small chunk (256 KiB) is not read whole with its neighbours.
+RUN_BYTES = 4 << 20
+
+
+@st.composite
+def large_once_loads(draw: st.DrawFn) -> dict[str, Any]:
+    """A 2-D tensor of 4-10 MiB saved in 1-3 row chunks of drawn (uneven) heights, loaded
+    with reads="once" as rows, as columns, whole on every rank (a plain tensor, or Replicate),
+    or replicated in part (a 2-D mesh): the sizes at which "once" cuts chunks into row runs of
+    counts that need not divide, maps runs of the file instead of reading them with their
+    neighbours, and reads a tensor every rank holds whole into its own destination."""
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.int64, torch.uint8]))
+    item = torch.empty((), dtype=dtype).element_size()
+    cols = draw(st.integers(1, 700))
+    nbytes = draw(st.integers(RUN_BYTES + 1, 10 << 20))
+    rows = max(2, -(-nbytes // (cols * item)))
+    sizes = _world_sizes()
+    save_world, load_world = draw(sizes), draw(sizes)
+    k = draw(st.sampled_from([1, 1, 2, 3]))
+    cuts = sorted(draw(st.sets(st.integers(1, rows - 1), min_size=k - 1, max_size=k - 1)))
+    edges = [0, *cuts, rows]
+    saved = Layout(
+        (rows, cols),
+        [Shard(Box((a, 0), (b - a, cols)), i % save_world) for i, (a, b) in
+         enumerate(itertools.pairwise(edges))],
+    )  # fmt: skip
+    how = draw(st.sampled_from(["rows", "columns", "plain", "replicate", "2-D"]))
+    load: dict[str, Any]
+    if how == "plain":
+        load = {"kind": "plain"}
+    elif how == "2-D" and load_world % 2 == 0 and load_world > 2:
+        load = {"kind": "dtensor", "mesh": [2, load_world // 2], "placements": [["R"], ["S", 1]]}
+    else:
+        placement = {"rows": ["S", 0], "columns": ["S", 1]}.get(how, ["R"])
+        load = {"kind": "dtensor", "mesh": [load_world], "placements": [placement]}
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    if dtype.is_floating_point:
+        t = torch.randn(rows, cols, generator=g).to(dtype)
+    else:
+        t = torch.randint(0, 120, (rows, cols), generator=g).to(dtype)
+    return {"save_world": save_world, "load_world": load_world, "saved": saved, "load": load,
+            "tensor": t, "reads": "once", "damage": None}  # fmt: skip
+
+
+def _world_sizes() -> st.SearchStrategy[int]:
+    """The pool sizes a round trip draws from (test_checkpoint's), simulated ones in the
+    scale run."""
+    if simulated_worlds():
+        return st.sampled_from([w for w in simulated_worlds() if w <= MAX_SIMULATED] or [1])
+    return world_sizes()
+
+
+def _big(rows: int, cols: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.arange(rows * cols, dtype=torch.int64).reshape(rows, cols).to(dtype)
+
+
+# One 9 MiB chunk loaded as columns on 3: three row runs of 769, 768 and 768 rows, each mapped
+# and sent in part to the other two.
+ONE_CHUNK_AS_COLUMNS_ON_3 = {
+    "save_world": 1,
+    "load_world": 3,
+    "saved": Layout((2305, 1024), [Shard(Box((0, 0), (2305, 1024)), 0)]),
+    "load": {"kind": "dtensor", "mesh": [3], "placements": [["S", 1]]},
+    "tensor": _big(2305, 1024),
+    "reads": "once",
+    "damage": None,
+}
+# 6 MiB as a plain tensor on 2: two runs of 769 and 768 rows, each read into its reader's own
+# destination and broadcast from there.
+PLAIN_ON_2 = {
+    **ONE_CHUNK_AS_COLUMNS_ON_3,
+    "load_world": 2,
+    "saved": Layout((1537, 1024), [Shard(Box((0, 0), (1537, 1024)), 0)]),
+    "load": {"kind": "plain"},
+    "tensor": _big(1537, 1024),
+}
+# Two uneven chunks (5 and 3 MiB) saved on 2, loaded on a 2 x 2 mesh as [Replicate, Shard(1)]:
+# replicated in part, so mapped and exchanged, not broadcast.
+PARTLY_REPLICATED_ON_4 = {
+    "save_world": 2,
+    "load_world": 4,
+    "saved": Layout(
+        (2049, 1024), [Shard(Box((0, 0), (1281, 1024)), 0), Shard(Box((1281, 0), (768, 1024)), 1)]
+    ),
+    "load": {"kind": "dtensor", "mesh": [2, 2], "placements": [["R"], ["S", 1]]},
+    "tensor": _big(2049, 1024, torch.bfloat16),
+    "reads": "once",
+    "damage": None,
+}
+
+
+def _large_examples(test: Any) -> Any:
+    if simulated_worlds():
+        w = min(simulated_worlds())
+        columns = {"kind": "dtensor", "mesh": [w], "placements": [["S", 1]]}
+        return example({**ONE_CHUNK_AS_COLUMNS_ON_3, "load_world": w, "load": columns})(test)
+    for ex in (ONE_CHUNK_AS_COLUMNS_ON_3, PLAIN_ON_2, PARTLY_REPLICATED_ON_4):
+        test = example(ex)(test)
+    return test
+
+
+@pytest.mark.rule("CKPT-24", "CKPT-27")
+@pytest.mark.pool
+@settings(max_examples=min(8, settings.default.max_examples), deadline=None)
+@given(large_once_loads())
+@_large_examples
+def test_reads_once_cuts_maps_and_broadcasts_large_chunks_into_the_reference(
+    impl: Impl, pools: Any, c: dict[str, Any]
+) -> None:
+    """Every rank holds the reference; the job reads the tensor's bytes once, counted by the
+    ranks; a rank reads no more than twice the larger of the fair share and the run size, and
+    of a single saved chunk no more than one run (so a chunk past both is read in runs)."""
+    t, load = c["tensor"], c["load"]
+    ex = _describe(c) + f", shape {tuple(t.shape)}"
+    with case():
+        results = impl.checkpoint_collective_load(
+            pools(c["save_world"]), pools(c["load_world"]), c["saved"], t, load, "once", None,
+            ex,
+        )  # fmt: skip
+        assert_equal("errors", [r.value["error"] for r in results], [None] * len(results), ex)
+        for r in results:
+            want = _want(t, load, r.rank)
+            assert_equal(f"rank{r.rank}.local tensors", len(r.tensors), len(want), ex)
+            for i, (got, w) in enumerate(zip(r.tensors, want)):
+                assert_tensor_bitwise(f"rank{r.rank}.loaded[{i}]", got, w, ex)
+        stats = [r.value["stats"] for r in results]
+        if stats[0] is None:
+            return  # the implementation does not count its reads
+        assert_equal("read modes of the ranks", {s["reads"] for s in stats}, {"once"}, ex)
+        nbytes = t.numel() * t.element_size()
+        read = [s["data_bytes"] for s in stats]
+        assert_equal("tensor bytes read by the job", sum(read), nbytes, ex, rule="CKPT-24")
+        share = -(-nbytes // len(stats))
+        run = max(share, RUN_BYTES) + t.shape[1] * t.element_size()  # near-equal: a row more
+        heavy = [(r, n) for r, n in enumerate(read) if n > 2 * run]
+        assert_equal("ranks reading past twice a run", heavy, [], ex, rule="CKPT-24")
+        if len(c["saved"].shards) == 1 and nbytes > max(share, RUN_BYTES):
+            # one chunk past both bounds: read in runs, none longer than the bound and a row
+            past = [(r, n) for r, n in enumerate(read) if n > run]
+            assert_equal("ranks reading past one run of the one chunk", past, [], ex,
+                         rule="CKPT-24")  # fmt: skip

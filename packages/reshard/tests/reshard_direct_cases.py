@@ -55,3 +55,15 @@ def run_state_dict_counted(
     before = dict(executor.DIRECT_COUNTS)
     res = reshard_state_dict(state, src, dst, **kwargs)
     return res, {k: executor.DIRECT_COUNTS[k] - before[k] for k in before}
+
+
+def run_plans_cached(
+    rank: int, world: int, calls: list[tuple[list[torch.Tensor], Layout, Layout]]
+) -> list[tuple[list[torch.Tensor], bool]]:
+    """Each (inputs, src, dst) resharded in turn: its outputs, and whether this rank's plan
+    was in the process's plan cache before the call."""
+    out = []
+    for inputs, src, dst in calls:
+        cached = (src.fingerprint(), dst.fingerprint(), rank) in executor._PLANS
+        out.append((reshard(inputs, src, dst), cached))
+    return out

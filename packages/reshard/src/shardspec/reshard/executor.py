@@ -2,7 +2,8 @@
 
 How one call runs on every rank of the group:
 
-1. Plan each tensor for this rank only (:func:`shardspec.reshard.plan` with ``rank``), and
+1. Plan each tensor for this rank only (:func:`shardspec.reshard.plan` with ``rank``; a plan is
+   kept for the next call between layouts of the same fingerprints), and
    check everything about this rank's own arguments (:mod:`shardspec.reshard.checks`: the
    device, and the count, shape, dtype, device, kind and aliasing of the source shards and
    ``out=`` tensors). Nothing raises yet: the verdict goes into step 2.
@@ -48,6 +49,8 @@ How one call runs on every rank of the group:
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -345,7 +348,7 @@ def _prepare(
             raise ReshardError(
                 f"{what}the {name} layout names ranks {bad}, but the group has {world} ranks"
             )
-    p = plan(src, dst, rank)
+    p = _plan(src, dst, rank)
     inputs = _tensor_list(tensors, f"{what}the local shards of rank {rank}")
     dtype = None if dtypes is None else dtypes.get(key)
     dtype = check_tensors(
@@ -372,6 +375,34 @@ def _prepare(
                 )
     code = dtype_code(dtype) if dtype is not None else 0
     return _Job(key, src, dst, p, inputs, given=given), code
+
+
+# This process's plans by (source fingerprint, destination fingerprint, rank): a state dict's
+# layers repeat their layouts, and a job reshards the same state dict again (every checkpoint
+# load, every refit); planning a small tensor costs about 0.1 ms, most of a reshard of many
+# small tensors. The fingerprints are the agreement's (computed once a layout); a plan is
+# pieces of integers, valid for any layout of the same fingerprint, which was validated when
+# it was planned. Bounded, and locked: a simulated world's ranks are threads.
+_PLANS: OrderedDict[tuple[bytes, bytes, int], Plan] = OrderedDict()
+_PLANS_MAX = 4096
+_PLANS_LOCK = threading.Lock()
+
+
+def _plan(src: Layout, dst: Layout, rank: int) -> Plan:
+    if not isinstance(src, Layout) or not isinstance(dst, Layout):
+        return plan(src, dst, rank)  # refused there, with its message
+    key = (src.fingerprint(), dst.fingerprint(), rank)
+    with _PLANS_LOCK:
+        hit = _PLANS.get(key)
+        if hit is not None:
+            _PLANS.move_to_end(key)
+            return hit
+    made = plan(src, dst, rank)
+    with _PLANS_LOCK:
+        _PLANS[key] = made
+        if len(_PLANS) > _PLANS_MAX:
+            _PLANS.popitem(last=False)
+    return made
 
 
 def _tensor_list(tensors: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]:

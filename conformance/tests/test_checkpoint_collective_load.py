@@ -123,6 +123,14 @@ def _auto(t: Any, load: dict[str, Any], world: int, storage: str) -> str:
     return "once" if len(set(nonempty)) < len(nonempty) else "own"
 
 
+def _check_local(r: Any, t: Any, load: dict[str, Any], ex: str) -> None:
+    """Rank ``r``'s local tensors are the reference's, bit for bit."""
+    want = _want(t, load, r.rank)
+    assert_equal(f"rank{r.rank}.local tensors", len(r.tensors), len(want), ex)
+    for i, (got, w) in enumerate(zip(r.tensors, want)):
+        assert_tensor_bitwise(f"rank{r.rank}.loaded[{i}]", got, w, ex)
+
+
 def _mine(t: Any, load: dict[str, Any], rank: int) -> int:
     """Bytes of the distinct boxes ``rank`` holds (what reads="own" reads for it)."""
     return sum(w.numel() for w in _want(t, load, rank)) * t.element_size()
@@ -305,10 +313,7 @@ def test_a_collective_load_gives_every_rank_the_reference_or_fails_on_all(
         for r in results:
             # a nested value filled in place, a top-level one replaced (as dcp.load does)
             assert_equal(f"rank{r.rank}.values", r.value["value"], {"v": {"n": 7}, "w": 5}, ex)
-            want = _want(t, load, r.rank)
-            assert_equal(f"rank{r.rank}.local tensors", len(r.tensors), len(want), ex)
-            for i, (got, w) in enumerate(zip(r.tensors, want)):
-                assert_tensor_bitwise(f"rank{r.rank}.loaded[{i}]", got, w, ex)
+            _check_local(r, t, load, ex)
         stats = [r.value["stats"] for r in results]
         if stats[0] is None:
             return  # the implementation does not count its reads
@@ -396,10 +401,7 @@ def test_a_safetensors_checkpoint_loads_the_reference_on_every_rank(
         )
         assert_equal("errors", [r.value["error"] for r in results], [None] * len(results), ex)
         for r in results:
-            want = _want(t, load, r.rank)
-            assert_equal(f"rank{r.rank}.local tensors", len(r.tensors), len(want), ex)
-            for i, (got, w) in enumerate(zip(r.tensors, want)):
-                assert_tensor_bitwise(f"rank{r.rank}.loaded[{i}]", got, w, ex)
+            _check_local(r, t, load, ex)
         stats = [r.value["stats"] for r in results]
         if stats[0] is not None and stats[0]["reads"] == "once":
             nbytes = t.numel() * t.element_size()
@@ -499,10 +501,7 @@ def _hf_round_trip(impl: Impl, pools: Any, c: dict[str, Any], refused: bool | No
             return
         assert_equal("errors", errors, [None] * len(results), ex)
         for r in results:
-            want = _want(t, load, r.rank)
-            assert_equal(f"rank{r.rank}.local tensors", len(r.tensors), len(want), ex)
-            for i, (got, w) in enumerate(zip(r.tensors, want)):
-                assert_tensor_bitwise(f"rank{r.rank}.loaded[{i}]", got, w, ex)
+            _check_local(r, t, load, ex)
 
 
 @st.composite
@@ -736,10 +735,7 @@ def test_reads_once_cuts_maps_and_broadcasts_large_chunks_into_the_reference(
         )  # fmt: skip
         assert_equal("errors", [r.value["error"] for r in results], [None] * len(results), ex)
         for r in results:
-            want = _want(t, load, r.rank)
-            assert_equal(f"rank{r.rank}.local tensors", len(r.tensors), len(want), ex)
-            for i, (got, w) in enumerate(zip(r.tensors, want)):
-                assert_tensor_bitwise(f"rank{r.rank}.loaded[{i}]", got, w, ex)
+            _check_local(r, t, load, ex)
         stats = [r.value["stats"] for r in results]
         if stats[0] is None:
             return  # the implementation does not count its reads

@@ -59,6 +59,7 @@ def test_the_cache_keeps_its_bound_and_drops_the_least_recent(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(executor, "_PLANS", type(executor._PLANS)())
+    monkeypatch.setattr(executor, "_plans_held", [0])
     monkeypatch.setattr(executor, "_PLANS_MAX", 2)
     layouts = [Layout((n,), [Shard(Box((0,), (n,)), 0)]) for n in (3, 4, 5)]
     key = [(x.fingerprint(), x.fingerprint(), 0) for x in layouts]
@@ -67,3 +68,19 @@ def test_the_cache_keeps_its_bound_and_drops_the_least_recent(
     assert executor._plan(layouts[0], layouts[0], 0) is first  # now the most recent
     executor._plan(layouts[2], layouts[2], 0)
     assert list(executor._PLANS) == [key[0], key[2]]
+    assert executor._plans_held == [2]  # one piece a plan
+
+
+def test_the_cache_keeps_its_bound_in_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(executor, "_PLANS", type(executor._PLANS)())
+    monkeypatch.setattr(executor, "_plans_held", [0])
+    monkeypatch.setattr(executor, "_PLANS_PIECES", 4)
+    rows = [Layout((4, 2), [Shard(Box((i, 0), (1, 2)), 0) for i in range(4)])]
+    rows.append(Layout((4, 2), [Shard(Box((0, 0), (4, 2)), 0)]))
+    wide = Layout((5, 2), [Shard(Box((i, 0), (1, 2)), 0) for i in range(5)])
+    executor._plan(rows[0], rows[1], 0)  # 4 pieces: kept
+    assert executor._plans_held == [4] and len(executor._PLANS) == 1
+    executor._plan(rows[1], rows[1], 0)  # 1 more: the oldest goes
+    assert executor._plans_held == [1] and len(executor._PLANS) == 1
+    executor._plan(wide, Layout((5, 2), [Shard(Box((0, 0), (5, 2)), 0)]), 0)  # 5: not kept
+    assert executor._plans_held == [1] and len(executor._PLANS) == 1

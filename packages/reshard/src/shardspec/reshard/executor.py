@@ -382,10 +382,14 @@ def _prepare(
 # load, every refit); planning a small tensor costs about 0.1 ms, most of a reshard of many
 # small tensors. The fingerprints are the agreement's (computed once a layout); a plan is
 # pieces of integers, valid for any layout of the same fingerprint, which was validated when
-# it was planned. Bounded, and locked: a simulated world's ranks are threads.
+# it was planned. Bounded in plans and in pieces (a piece is about 250 bytes: 2^18 of them
+# about 64 MiB; a plan larger than that alone is not kept), least recent first out; locked: a
+# simulated world's ranks are threads.
 _PLANS: OrderedDict[tuple[bytes, bytes, int], Plan] = OrderedDict()
 _PLANS_MAX = 4096
+_PLANS_PIECES = 1 << 18
 _PLANS_LOCK = threading.Lock()
+_plans_held = [0]  # pieces in _PLANS
 
 
 def _plan(src: Layout, dst: Layout, rank: int) -> Plan:
@@ -398,10 +402,16 @@ def _plan(src: Layout, dst: Layout, rank: int) -> Plan:
             _PLANS.move_to_end(key)
             return hit
     made = plan(src, dst, rank)
+    size = len(made.pieces)
+    if size > _PLANS_PIECES:
+        return made
     with _PLANS_LOCK:
-        _PLANS[key] = made
-        if len(_PLANS) > _PLANS_MAX:
-            _PLANS.popitem(last=False)
+        if key not in _PLANS:
+            _PLANS[key] = made
+            _plans_held[0] += size
+        while len(_PLANS) > _PLANS_MAX or _plans_held[0] > _PLANS_PIECES:
+            _, old = _PLANS.popitem(last=False)
+            _plans_held[0] -= len(old.pieces)
     return made
 
 

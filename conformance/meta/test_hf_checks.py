@@ -18,7 +18,13 @@ import torch
 from conformance import reference
 from conformance.cases import case
 from conformance.interface import HfModel
-from conformance.tests.test_hf_model import MESHES, check_chunks, check_shards, llama, take
+from conformance.tests.test_hf_model import (
+    MESHES,
+    check_chunks,
+    check_shards,
+    llama,
+    shard_indices,
+)
 
 
 class ReferenceLibrary(HfModel):
@@ -47,7 +53,7 @@ class ReferenceLibrary(HfModel):
                     "mesh": shape,
                     "coordinate": coord,
                     "placements": placements,
-                    "local": take(full, idx),
+                    "local": reference.gather(full, idx),
                 }
         if self.seed is not None:
             self.seed(out)
@@ -104,20 +110,14 @@ def reference_chunks(
     for name, full in weights.items():
         seen = set()
         for r in sorted(saved):
-            shard = saved[r][name]
-            if not shard["mesh"]:
-                idx = [list(range(n)) for n in full.shape]
-            else:
-                idx = reference.dtensor_indices(
-                    full.shape, shard["mesh"], shard["placements"], shard["coordinate"]
-                )
+            idx = shard_indices(saved[r][name], full.shape)
             if any(not i for i in idx):
                 continue
             offsets = tuple(i[0] for i in idx)
             if offsets in seen:
                 continue
             seen.add(offsets)
-            out.setdefault(name, []).append((list(offsets), take(full, idx)))
+            out.setdefault(name, []).append((list(offsets), reference.gather(full, idx)))
     return out
 
 

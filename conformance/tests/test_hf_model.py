@@ -9,6 +9,7 @@ shardspec and torch have no model loader, so they report this area unsupported."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -81,15 +82,11 @@ def check_shards(
             if name not in got[r]:
                 raise AssertionError(f"rank {r}: {name} not loaded [{ex}]")
             shard = got[r][name]
-            if shard["mesh"]:
-                idx = reference.dtensor_indices(
-                    full.shape, shard["mesh"], shard["placements"], shard["coordinate"]
-                )
-            else:  # not distributed: the whole tensor
-                idx = [list(range(n)) for n in full.shape]
-            held[take(ids, idx).reshape(-1)] = True
+            idx = shard_indices(shard, full.shape)
+            held[reference.gather(ids, idx).reshape(-1)] = True
             where = f"rank {r} {name} (placements {shard['placements']} on mesh {shard['mesh']})"
-            assert_tensor_bitwise(where, shard["local"], take(full, idx), ex, "DTENSOR-4")
+            assert_tensor_bitwise(where, shard["local"], reference.gather(full, idx), ex,
+                                  "DTENSOR-4")  # fmt: skip
         if not bool(held.all()):
             lost = int((~held).sum())
             raise AssertionError(
@@ -97,11 +94,12 @@ def check_shards(
             )
 
 
-def take(t: torch.Tensor, idx: list[list[int]]) -> torch.Tensor:
-    """``t[ix_(*idx)]``: the rows, columns, ... listed, in their order."""
-    for d, i in enumerate(idx):
-        t = t.index_select(d, torch.tensor(i, dtype=torch.long))
-    return t
+def shard_indices(shard: dict[str, Any], shape: Sequence[int]) -> list[list[int]]:
+    """The indices of a rank's shard of a tensor of ``shape``, per dim: its placements' (the
+    reference's DTensor indices), or every index where it is not distributed."""
+    if not shard["mesh"]:
+        return [list(range(n)) for n in shape]
+    return reference.dtensor_indices(shape, shard["mesh"], shard["placements"], shard["coordinate"])
 
 
 @pytest.mark.rule("DTENSOR-1", "DTENSOR-2", "DTENSOR-4", "CONF-1")
@@ -138,12 +136,7 @@ def check_chunks(
         boxes: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
         for r, shards in sorted(saved.items()):
             shard = shards[name]
-            if shard["mesh"]:
-                idx = reference.dtensor_indices(
-                    full.shape, shard["mesh"], shard["placements"], shard["coordinate"]
-                )
-            else:
-                idx = [list(range(n)) for n in full.shape]
+            idx = shard_indices(shard, full.shape)
             if any(not i for i in idx):
                 continue
             if any(i != list(range(i[0], i[0] + len(i))) for i in idx):

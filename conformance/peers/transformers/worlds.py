@@ -164,10 +164,7 @@ def optimizer_save_world(
                         full.shape, list(mesh.shape), placements_to_json(t.placements),
                         list(mesh.get_coordinate() or []),
                     )  # fmt: skip
-                    local = full
-                    for d, i in enumerate(idx):
-                        local = local.index_select(d, torch.tensor(i, dtype=torch.long))
-                    t.to_local().copy_(local)
+                    t.to_local().copy_(reference.gather(full, idx))
                 else:
                     t.copy_(full)
     save_optimizer_distributed(model, optimizer, out)

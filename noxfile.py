@@ -583,7 +583,7 @@ def peers_bytecheckpoint(session: nox.Session) -> None:
     stack.install("--no-deps", f"bytecheckpoint=={BYTECHECKPOINT}")
     stack.check_torch()
     session.env["SHARDSPEC_IMPL"] = "bytecheckpoint"
-    draw_past_known(session, "bytecheckpoint")
+    draw_past_known(session)
     # a rank's first save starts ByteCheckpoint's coordinator and thread pools: give the pool
     # a minute per example on this shared machine (a hang is still caught)
     session.env["SHARDSPEC_POOL_TIMEOUT"] = os.environ.get("SHARDSPEC_POOL_TIMEOUT", "60")
@@ -599,18 +599,12 @@ MEGATRON_RELEASE = "0.19.2"
 MEGATRON_DEPS = ("numpy==2.4.6", "packaging==26.4", "triton==3.6.0", "psutil==7.2.2")
 
 
-# Which properties run their drawn examples past a peer's known defects (CONF-14): "1" all,
-# "0" none, else test names (comma-separated patterns).
-DRAW_PAST_KNOWN = {"megatron": "1", "bytecheckpoint": "1", "deepspeed": "1", "transformers": "1"}
-
-
-def draw_past_known(session: nox.Session, peer: str) -> None:
+def draw_past_known(session: nox.Session) -> None:
     """A peer's known defects do not stop a property at its first example (CONF-14): its
     drawn examples still run against the peer, those showing a known defect's signature are
-    counted, any other failure fails the session. SHARDSPEC_DRAW_PAST_KNOWN overrides."""
-    session.env["SHARDSPEC_DRAW_PAST_KNOWN"] = os.environ.get(
-        "SHARDSPEC_DRAW_PAST_KNOWN", DRAW_PAST_KNOWN[peer]
-    )
+    counted, any other failure fails the session. SHARDSPEC_DRAW_PAST_KNOWN overrides ("0":
+    none; else test names, comma-separated patterns)."""
+    session.env["SHARDSPEC_DRAW_PAST_KNOWN"] = os.environ.get("SHARDSPEC_DRAW_PAST_KNOWN", "1")
 
 
 @nox.session(venv_backend="none")
@@ -642,7 +636,7 @@ def peers_megatron(session: nox.Session) -> None:
     session.env["SHARDSPEC_MEGATRON_CHECKPOINT"] = str(fresh)
     run_pytest(stack, "packages/checkpoint/tests/test_peer_checkpoints.py")
     session.env["SHARDSPEC_IMPL"] = "megatron"
-    draw_past_known(session, "megatron")
+    draw_past_known(session)
     # Every Megatron save or load that fails on some ranks restarts a pool, whose ranks import
     # Megatron again (seconds each): a few derandomized examples per property; the known
     # defects are explicit examples, so they show every run.
@@ -682,7 +676,7 @@ def peers_deepspeed(session: nox.Session) -> None:
     stack.check_torch()
     session.env["DS_ACCELERATOR"] = "cpu"
     session.env["SHARDSPEC_IMPL"] = "deepspeed"
-    draw_past_known(session, "deepspeed")
+    draw_past_known(session)
     # Each example starts two fresh worlds (a save and a load) whose ranks import DeepSpeed:
     # a few derandomized examples per property beside the explicit ones, where the known
     # defects are.
@@ -715,7 +709,7 @@ def peers_transformers(session: nox.Session) -> None:
     install_checkout(stack)
     stack.check_torch()
     session.env["SHARDSPEC_IMPL"] = "transformers"
-    draw_past_known(session, "transformers")
+    draw_past_known(session)
     # Each example starts fresh worlds of 4 ranks that import transformers: a few derandomized
     # examples per property beside the explicit ones.
     session.env["HYPOTHESIS_PROFILE"] = os.environ.get("HYPOTHESIS_PROFILE", "short")

@@ -648,9 +648,10 @@ class _SmallEntries:
     (a small plain DCP chunk). The storage entries are filed by (key, offset) in one pass: a
     lookup per chunk (a ``MetadataIndex`` made and hashed) costs several times that for
     thousands of chunks, and only the chunks this rank reads are looked at further. From the
-    column encoding (CKPT-23) a tensor's chunks are read as plain lists, once a tensor: no
-    chunk or index object is made for a small chunk (2,000 tensors of 4 chunks read on 4
-    ranks: 24 us a chunk with them, spec/09-checkpoint.md "Measured")."""
+    column encoding (CKPT-23) the rows of the chunks a rank reads of a tensor are read as
+    plain lists, at once and only those (a rank reads a few of W): no chunk or index object is
+    made for a small chunk (2,000 tensors of 4 chunks read on 4 ranks: 24 us a chunk with
+    them, spec/09-checkpoint.md "Measured")."""
 
     def __init__(self, reader: Any, targets: Sequence[Target]) -> None:
         from .chunk_spans import ChunkAt, Piece, SmallChunk, small_entry
@@ -665,7 +666,6 @@ class _SmallEntries:
         self._files: dict[Any, str] = {}
         storage = reader.storage_data
         self._at: dict[tuple[str, tuple[int, ...]], tuple[Any, Any]] = {}
-        self._rows: dict[str, tuple[list[list[int]], list[list[int]], list[list[int]]]] = {}
         if isinstance(storage, ColumnStorage):
             # the column encoding files each chunk's entry by its position: none is made
             # unless this rank reads that chunk
@@ -690,18 +690,7 @@ class _SmallEntries:
         """Saved chunk ``si`` of ``t`` filling ``pieces``, as :mod:`.chunk_spans` reads it, or
         None when it cannot (or the metadata has no storage entry for it)."""
         if self._columns is not None:
-            rows = self._rows.get(t.key)
-            if rows is None:
-                rows = self._rows[t.key] = self._columns.rows(t.key)
-            offsets, sizes, entries = rows
-            f, offset, length = entries[si]
-            if f < 0 or length > WHOLE_ITEM_BYTES:
-                return None
-            index: Any = self._at_name(t.key, tuple(offsets[si]), si)
-            dtype = t.saved.properties.dtype
-            return self._small_chunk(
-                index, self._path(f), offset, length, dtype, tuple(sizes[si]), pieces
-            )
+            return self._column_chunks(t, {si: pieces})[0]
         c = t.saved.chunks[si]
         found = self._at.get((t.key, tuple(c.offsets)))
         if found is None or not self._small_entry(found[1]):
@@ -720,12 +709,28 @@ class _SmallEntries:
             t.chunks, [(b.offsets, b.sizes) for b in boxes]
         ):
             pieces.setdefault(si, []).append(piece(outs[di], dst_off, src_off, lengths))
-        out = []
-        for si, ps in pieces.items():
-            c = self.chunk(t, si, ps)
-            if c is None:
-                return None
-            out.append(c)
+        out = (
+            self._column_chunks(t, pieces)
+            if self._columns is not None
+            else [self.chunk(t, si, ps) for si, ps in pieces.items()]
+        )
+        return None if any(c is None for c in out) else out
+
+    def _column_chunks(self, t: Target, pieces: dict[int, list[Any]]) -> list[Any]:
+        """:meth:`chunk` of each chunk of ``pieces`` from the column encoding, its rows read
+        as plain lists at once (None for a chunk it cannot read)."""
+        assert self._columns is not None
+        positions = list(pieces)
+        offsets, sizes, entries = self._columns.rows(t.key, positions)
+        dtype = t.saved.properties.dtype
+        out: list[Any] = []
+        for si, off, size, (f, offset, length) in zip(positions, offsets, sizes, entries):
+            if f < 0 or length > WHOLE_ITEM_BYTES:
+                out.append(None)
+                continue
+            index = self._at_name(t.key, tuple(off), si)
+            out.append(self._small_chunk(index, self._path(f), offset, length, dtype,
+                                         tuple(size), pieces[si]))  # fmt: skip
         return out
 
 

@@ -286,12 +286,16 @@ class ColumnStorage(Mapping[Any, Any]):
             return None
         return int(at[0]) if len(at) else None
 
-    def rows(self, fqn: str) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
-        """Every chunk of ``fqn`` as plain lists: its offsets, its sizes, and its entry as
-        (file number, offset, length), file number -1 where it has none (:meth:`file`)."""
+    def rows(
+        self, fqn: str, positions: list[int]
+    ) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+        """Chunks ``positions`` of ``fqn`` as plain lists, in that order: their offsets, their
+        sizes, and their entries as (file number, offset, length), file number -1 where there
+        is none (:meth:`file`). Only those rows are converted: a rank reads a few of a
+        tensor's W chunks."""
         chunks, entries = self._per[fqn]
         offsets, sizes = chunks.arrays
-        return offsets.tolist(), sizes.tolist(), entries.tolist()
+        return offsets[positions].tolist(), sizes[positions].tolist(), entries[positions].tolist()
 
     def file(self, number: int) -> str:
         """The relative path of file ``number`` of :meth:`rows`."""

@@ -148,6 +148,14 @@ def _intersection(a: Box, b: Box) -> Box | None:
 MAX_SIMULATED = 64
 
 
+def checkpoint_worlds() -> st.SearchStrategy[int]:
+    """The world sizes a checkpoint is saved or loaded on: the pools', or in the scale run the
+    simulated worlds up to MAX_SIMULATED ranks (each example writes files for every rank)."""
+    if simulated_worlds():
+        return st.sampled_from([w for w in simulated_worlds() if w <= MAX_SIMULATED] or [1])
+    return world_sizes()
+
+
 @st.composite
 def round_trips(draw: st.DrawFn) -> dict[str, Any]:
     """A checkpoint saved on one world size and loaded on another (either may be larger):
@@ -155,9 +163,7 @@ def round_trips(draw: st.DrawFn) -> dict[str, Any]:
     shards on a rank, empty shards, ranks holding nothing), the loaded one the same kind of
     layout as a ShardedTensor, or a DTensor on a mesh of the load world (up to 3-D, nested
     and uneven Shard, Replicate)."""
-    sizes = world_sizes()
-    if simulated_worlds():
-        sizes = st.sampled_from([w for w in simulated_worlds() if w <= MAX_SIMULATED] or [1])
+    sizes = checkpoint_worlds()
     save_world, load_world = draw(sizes), draw(sizes)
     shape = draw(shapes(min_dims=1, max_dims=3, max_side=6))
     saved = _one_per_box(_on_ranks(draw(valid_layouts(st.just(shape), replicas=False)), save_world))

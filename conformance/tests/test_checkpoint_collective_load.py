@@ -27,12 +27,11 @@ from conformance.assertions import assert_equal, assert_tensor_bitwise, describe
 from conformance.cases import case
 from conformance.codec import layout_from_json, layout_to_json
 from conformance.impls import Impl
-from conformance.strategies import world_sizes
 from shardspec.checkpoint.storage import storage_kind
 from shardspec.metadata import Box, Layout, Shard
 from shardspec.testing.devices import simulated_worlds
 
-from .test_checkpoint import MAX_SIMULATED, ROWS_TO_COLUMNS_BF16, _describe_load, round_trips
+from .test_checkpoint import ROWS_TO_COLUMNS_BF16, _describe_load, checkpoint_worlds, round_trips
 
 READS = ("own", "once", "auto")
 # what reads="auto" is told of the storage (None: it finds out; CKPT-25)
@@ -630,7 +629,7 @@ def large_once_loads(draw: st.DrawFn) -> dict[str, Any]:
     cols = draw(st.integers(1, 700))
     nbytes = draw(st.integers(RUN_BYTES + 1, 10 << 20))
     rows = max(2, -(-nbytes // (cols * item)))
-    sizes = _world_sizes()
+    sizes = checkpoint_worlds()
     save_world, load_world = draw(sizes), draw(sizes)
     k = draw(st.sampled_from([1, 1, 2, 3]))
     cuts = sorted(draw(st.sets(st.integers(1, rows - 1), min_size=k - 1, max_size=k - 1)))
@@ -656,14 +655,6 @@ def large_once_loads(draw: st.DrawFn) -> dict[str, Any]:
         t = torch.randint(0, 120, (rows, cols), generator=g).to(dtype)
     return {"save_world": save_world, "load_world": load_world, "saved": saved, "load": load,
             "tensor": t, "reads": "once", "damage": None}  # fmt: skip
-
-
-def _world_sizes() -> st.SearchStrategy[int]:
-    """The pool sizes a round trip draws from (test_checkpoint's), simulated ones in the
-    scale run."""
-    if simulated_worlds():
-        return st.sampled_from([w for w in simulated_worlds() if w <= MAX_SIMULATED] or [1])
-    return world_sizes()
 
 
 def _big(rows: int, cols: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

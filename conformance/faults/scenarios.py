@@ -90,7 +90,9 @@ def killed_mid_reshard(rank: int, world: int, victim: int, rounds: int) -> dict[
     ins = [full[b.slices()].clone() for b in src.boxes_of(rank)]
     budget = max(16 * (world + 1), 64 * 64 * 4 // world // rounds)
     if rank == victim:
-        real = dist.all_to_all_single
+        # A round is one all_to_all_single, or one batch of messages or two on gloo
+        # (shardspec.reshard.executor's transports): the victim dies at its third of either.
+        real, real_batch = dist.all_to_all_single, dist.batch_isend_irecv
         calls = [0]
 
         def dying(*args: Any, **kwargs: Any) -> Any:
@@ -99,7 +101,14 @@ def killed_mid_reshard(rank: int, world: int, victim: int, rounds: int) -> dict[
                 os.kill(os.getpid(), 9)
             return real(*args, **kwargs)
 
+        def dying_batch(*args: Any, **kwargs: Any) -> Any:
+            calls[0] += 1
+            if calls[0] == 3:
+                os.kill(os.getpid(), 9)
+            return real_batch(*args, **kwargs)
+
         dist.all_to_all_single = dying  # type: ignore[assignment]
+        dist.batch_isend_irecv = dying_batch  # type: ignore[assignment]
     start = time.monotonic()
     try:
         reshard(ins, src, dst, max_buffer_bytes=budget)

@@ -61,6 +61,43 @@ def reshard_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
 
 
 @st.composite
+def large_reshard_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
+    """:func:`reshard_cases`' dict for a 2-D tensor of 1-6 MiB chunked (unevenly, in drawn
+    rank orders) on either dim to either dim, on 2 to ``max_world`` pooled ranks: pieces of
+    hundreds of KiB, at which the executor's rounds send a piece from the tensor that holds it
+    and receive it into the output (shardspec.reshard.schedule.DIRECT_BYTES), cut by the
+    windows of a drawn budget or whole. Values from a drawn seed (too many to draw one by one)."""
+    import torch
+
+    world = draw(st.integers(2, max_world), label="world")
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.int8, torch.float64]))
+    item = torch.empty((), dtype=dtype).element_size()
+    cols = draw(st.integers(200, 1500), label="cols")
+    nbytes = draw(st.integers(1 << 20, 6 << 20), label="bytes")
+    rows = max(world, nbytes // (cols * item))
+    shape = (rows, cols)
+
+    def chunked() -> Layout:
+        dim = draw(st.sampled_from([0, 1]))
+        ranks = draw(st.permutations(list(range(world))))
+        return chunk_layout(shape, dim, ranks)
+
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31), label="seed"))
+    if dtype.is_floating_point:
+        t = torch.randn(shape, generator=g).to(dtype)
+    else:
+        t = torch.randint(-128, 128, shape, generator=g).to(dtype)
+    return {
+        "world": world,
+        "src": chunked(),
+        "dst": chunked(),
+        "tensor": t,
+        "noncontig": draw(st.booleans(), label="noncontig"),
+        "max_buffer_bytes": draw(st.sampled_from([None, 1 << 20, 3 << 20]), label="budget"),
+    }
+
+
+@st.composite
 def state_dict_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
     """``{"world", "entries": [{"key", "src", "dst", "tensor", "out", "pad"}], "budget"}``:
     2 to 4 tensors of distinct dtypes (bool, int8 and uint8 beside 8-byte types), each with

@@ -19,7 +19,7 @@ from conformance.assertions import (
 )
 from conformance.cases import case
 from conformance.impls import Impl
-from conformance.strategies.streams import reshard_cases, state_dict_cases
+from conformance.strategies.streams import large_reshard_cases, reshard_cases, state_dict_cases
 from shardspec.metadata import chunk_layout
 from shardspec.testing import RankCrash
 
@@ -52,6 +52,10 @@ def _known_case(dim: int, ranks: list[int]) -> dict[str, Any]:
 @example(_known_case(0, [1, 2, 3, 0]))  # upstream: the wrong sender, gloo aborts
 @example(_known_case(1, [0, 1, 2, 3]))  # upstream: list all_to_all, 21 = 6+6+6+3 columns
 def test_reshard_equals_the_global_tensor_sliced(impl: Impl, pools: Any, c: dict[str, Any]) -> None:
+    _check_reshard(impl, pools, c)
+
+
+def _check_reshard(impl: Impl, pools: Any, c: dict[str, Any]) -> None:
     src, dst, t = c["src"], c["dst"], c["tensor"]
     ex = (
         f"reshard({describe_layout(src)} -> {describe_layout(dst)}, dtype={t.dtype}, "
@@ -74,6 +78,27 @@ def test_reshard_equals_the_global_tensor_sliced(impl: Impl, pools: Any, c: dict
             for k, box in enumerate(boxes):
                 want = reference.gather(t, reference.indices_of_boxes([box], t.dim()))
                 assert_tensor_bitwise(f"rank{r.rank}.out[{k}]", r.tensors[k], want, ex)
+
+
+@pytest.mark.rule("RESHARD-1", "RESHARD-6")
+@pytest.mark.pool
+@pytest.mark.known_defect(
+    "torch",
+    "ShardedTensor.reshard picks the wrong sender when only the rank order changes "
+    "(reshuffle_local_shard) and uses list all_to_all, which gloo rejects for uneven sizes "
+    "(reshard_local_shard)",
+    raises=(AssertionError, RankCrash),
+    match=rf"{GLOO_ABORT}|(?s:raised in 'reshard\.torch_sharded'.*ProcessGroupGloo::scatter: "
+    r"invalid tensor size)",
+)
+@given(large_reshard_cases())
+def test_large_pieces_travel_from_and_into_the_tensors_that_hold_them(
+    impl: Impl, pools: Any, c: dict[str, Any]
+) -> None:
+    """Pieces of hundreds of KiB, which gloo ranks send straight from a source shard and
+    receive straight into an output where those hold them contiguously, and pack otherwise:
+    every rank's output equals the global tensor sliced."""
+    _check_reshard(impl, pools, c)
 
 
 @pytest.mark.rule("RESHARD-1", "RESHARD-6")

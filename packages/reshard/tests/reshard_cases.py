@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from shardspec.metadata import Box, Layout, Shard, chunk_layout
-from shardspec.reshard import reshard, reshard_state_dict
+from shardspec.reshard import executor, reshard, reshard_state_dict
 from shardspec.testing.tensors import random_tensor
 
 DTYPES = [
@@ -234,11 +234,19 @@ def run_single(
 
 
 def count_all_to_all(
-    rank: int, world: int, inputs: list[torch.Tensor], src: Layout, dst: Layout, budget: int | None
+    rank: int,
+    world: int,
+    inputs: list[torch.Tensor],
+    src: Layout,
+    dst: Layout,
+    budget: int | None,
+    transport: str = "all_to_all",
 ) -> tuple[int, int, list[torch.Tensor], int]:
-    """Run a reshard while counting all_to_all_single calls (the rounds actually made), the
-    largest send or receive buffer (bytes) any of them used on this rank, and the bytes this
-    rank sent in all."""
+    """Run a reshard while counting its rounds (all_to_all_single calls, or rounds of
+    messages), the largest send or receive buffer (bytes) any of them used on this rank, and
+    the bytes this rank sent in all."""
+    if transport == "messages":
+        return _count_messages(inputs, src, dst, budget)
     calls = [0, 0, 0]
     real = dist.all_to_all_single
 
@@ -255,8 +263,34 @@ def count_all_to_all(
         return real(output, input, *a, **k)
 
     dist.all_to_all_single = counting
+    old, executor.TRANSPORT = executor.TRANSPORT, "all_to_all"
     try:
         res = reshard(inputs, src, dst, max_buffer_bytes=budget)
     finally:
         dist.all_to_all_single = real
+        executor.TRANSPORT = old
+    return calls[0], calls[1], res, calls[2]
+
+
+def _count_messages(
+    inputs: list[torch.Tensor], src: Layout, dst: Layout, budget: int | None
+) -> tuple[int, int, list[torch.Tensor], int]:
+    """count_all_to_all over messages: rounds, the largest buffer, and the bytes of every
+    message this rank sent, read from what each round was given."""
+    calls = [0, 0, 0]
+    real = executor._message_round
+
+    def counting(sent: Any, got: Any, send_buf: Any, recv_buf: Any, *a: Any, **k: Any) -> Any:
+        calls[0] += 1
+        calls[2] += sum(m.hi - m.lo for m, _ in sent)
+        calls[1] = max(calls[1], send_buf.numel(), recv_buf.numel())
+        return real(sent, got, send_buf, recv_buf, *a, **k)
+
+    executor._message_round = counting  # type: ignore[assignment]
+    old, executor.TRANSPORT = executor.TRANSPORT, "messages"
+    try:
+        res = reshard(inputs, src, dst, max_buffer_bytes=budget)
+    finally:
+        executor._message_round = real  # type: ignore[assignment]
+        executor.TRANSPORT = old
     return calls[0], calls[1], res, calls[2]

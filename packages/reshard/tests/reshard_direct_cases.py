@@ -1,14 +1,36 @@
 """Rank-side functions for the in-place (direct) exchange tests: run a reshard and report how
-often this process used a tensor itself as the collective's receive or send buffer."""
+often this process used a tensor itself as the collective's receive or send buffer.
+
+The in-place buffers are the ``all_to_all_single`` transport's (NCCL's and the simulated
+worlds'); these functions force it, since gloo ranks would otherwise send messages
+(``transport="messages"`` runs them so, for the message tests)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import torch
 
 from shardspec.metadata import Layout
 from shardspec.reshard import executor, reshard, reshard_state_dict
+
+T = TypeVar("T")
+
+
+@contextmanager
+def transport(name: str) -> Iterator[None]:
+    old, executor.TRANSPORT = executor.TRANSPORT, name
+    try:
+        yield
+    finally:
+        executor.TRANSPORT = old
+
+
+def _via(name: str, fn: Callable[[], T]) -> T:
+    with transport(name):
+        return fn()
 
 
 def run_counted(
@@ -21,8 +43,10 @@ def run_counted(
 ) -> tuple[list[torch.Tensor], dict[str, int], bool]:
     """The outputs, the direct-path counters this call added, and whether the returned
     tensors are the ``out`` tensors themselves (when ``out`` was given)."""
+    kwargs = dict(kwargs)
+    how = kwargs.pop("transport", "all_to_all")
     before = dict(executor.DIRECT_COUNTS)
-    res = reshard(inputs, src, dst, **kwargs)
+    res = _via(how, lambda: reshard(inputs, src, dst, **kwargs))
     delta = {k: executor.DIRECT_COUNTS[k] - before[k] for k in before}
     given = kwargs.get("out")
     same = given is not None and all(a is b for a, b in zip(res, given))
@@ -52,8 +76,10 @@ def run_state_dict_counted(
     kwargs: dict[str, Any],
 ) -> tuple[dict[str, list[torch.Tensor]], dict[str, int]]:
     """reshard_state_dict's result and the direct-path counters this call added."""
+    kwargs = dict(kwargs)
+    how = kwargs.pop("transport", "all_to_all")
     before = dict(executor.DIRECT_COUNTS)
-    res = reshard_state_dict(state, src, dst, **kwargs)
+    res = _via(how, lambda: reshard_state_dict(state, src, dst, **kwargs))
     return res, {k: executor.DIRECT_COUNTS[k] - before[k] for k in before}
 
 
@@ -66,4 +92,23 @@ def run_plans_cached(
     for inputs, src, dst in calls:
         cached = (src.fingerprint(), dst.fingerprint(), rank) in executor._PLANS
         out.append((reshard(inputs, src, dst), cached))
+    return out
+
+
+def run_kept(
+    rank: int,
+    world: int,
+    calls: list[tuple[dict[str, list[torch.Tensor]], dict[str, Layout], dict[str, Layout]]],
+    budget: int | None,
+) -> list[tuple[dict[str, list[torch.Tensor]], int]]:
+    """Each state dict resharded in turn with ``budget`` over messages: its outputs and how
+    many wire buffers the executor kept after it; the kept buffers are released at the end."""
+    out = []
+    executor.release_buffers()
+    with transport("messages"):
+        for state, src, dst in calls:
+            res = reshard_state_dict(state, src, dst, max_buffer_bytes=budget)
+            out.append((res, sum(len(v) for v in executor._KEPT.values())))
+    executor.release_buffers()
+    out.append(({}, sum(len(v) for v in executor._KEPT.values())))
     return out

@@ -205,13 +205,15 @@ def test_rank_without_source_learns_the_dtype(pool: RankPool) -> None:
         (chunk_layout((64, 64), 0, range(4)), chunk_layout((64, 64), 1, range(4)), None),
     ],
 )
+@pytest.mark.parametrize("transport", ["all_to_all", "messages"])
 def test_rounds_bound_the_buffers_and_each_element_is_sent_once(
-    pool: RankPool, src: Layout, dst: Layout, budget: int | None
+    pool: RankPool, src: Layout, dst: Layout, budget: int | None, transport: str
 ) -> None:
     full = random_tensor(src.shape, torch.float32, 11)
     inputs = {r: [full[b.slices()].clone() for b in src.boxes_of(r)] for r in src.ranks}
     answers = pool.call(
-        count_all_to_all, per_rank=[(inputs.get(r, []), src, dst, budget) for r in range(WORLD)]
+        count_all_to_all,
+        per_rank=[(inputs.get(r, []), src, dst, budget, transport) for r in range(WORLD)],
     )
     want = reference.reshard(inputs, src, dst)
     calls = {a[0] for a in answers}

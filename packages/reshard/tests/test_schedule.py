@@ -28,6 +28,7 @@ from shardspec.reshard.schedule import (
     piece_bytes,
     quotas,
     round_cuts,
+    round_messages,
     rounds_needed,
     stream_len,
     windows,
@@ -509,3 +510,48 @@ def test_the_schedule_imports_no_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=scaled(120)
     )
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.rule("RESHARD-6")
+@given(cases(), budgets, st.integers(1, 64))
+@example(ODD_SHAPES, 1, 16)
+@example(FEW_ROWS, 16, 1)
+@example(SEVENTEEN, None, 8)
+def test_round_messages_group_the_cuts_alike_at_both_ends(
+    case: Case, budget: int | None, direct: int
+) -> None:
+    """Messages of a round hold the round's cuts in order, each cut of at least ``direct``
+    bytes alone (and direct), every run of smaller cuts in one buffer span; the sender's
+    messages to a peer are the peer's messages from it (same tags, spans and sizes)."""
+    streams = [Streams(case.jobs(r), r, case.world) for r in range(case.world)]
+    rounds = max([s.rounds_needed(budget) for s in streams] + [1])
+    by_pair: dict[tuple[int, int, int, bool], list[tuple[int, int, int, bool]]] = {}
+    for r, s in enumerate(streams):
+        for sending in (True, False):
+            lines, lengths = (s.sends, s.send_len) if sending else (s.recvs, s.recv_len)
+            q = quotas(lengths, rounds)
+            ptr, cut_ptr = [0] * case.world, [0] * case.world
+            for t in range(rounds):
+                splits = windows(q, lengths, t)
+                cuts = round_cuts(lines, cut_ptr, q, splits, t)
+                msgs = round_messages(lines, ptr, q, splits, t, None, direct)
+                flat = [c for m in msgs for c in m.cuts]
+                assert flat == [c for c in cuts if c[2] > c[1]], f"rank {r} round {t}"
+                tags: dict[int, int] = {}
+                for m in msgs:
+                    sizes = [(e1 - e0) * e.job.itemsize for e, e0, e1, _ in m.cuts]
+                    assert m.direct == (sizes[0] >= direct) and (len(sizes) == 1 or not m.direct)
+                    assert all(n < direct for n in sizes) or m.direct
+                    assert m.lo == m.cuts[0][3] and m.hi == m.cuts[-1][3] + sizes[-1]
+                    assert m.tag == tags.get(m.peer, 0), f"rank {r}: tags out of order"
+                    tags[m.peer] = m.tag + 1
+                    src, dst = (r, m.peer) if sending else (m.peer, r)
+                    by_pair.setdefault((src, dst, t, sending), []).append(
+                        (m.tag, m.lo - m.cuts[0][3], m.hi - m.lo, m.direct)
+                    )
+    for (src, dst, t, sending), msgs in by_pair.items():
+        if sending:
+            other = by_pair.get((src, dst, t, False), [])
+            assert [(tag, n, d) for tag, _, n, d in msgs] == [
+                (tag, n, d) for tag, _, n, d in other
+            ], f"{src} -> {dst} round {t}: sent {msgs}, received {other}"

@@ -74,13 +74,16 @@ from .errors import ReshardError
 from .planner import Piece, Plan, plan
 from .schedule import (
     Entry,
+    Message,
     Streams,
+    align,
     buffer_bytes,
     contiguous_span,
     local_stream,
     peers_of,
     quotas,
     round_cuts,
+    round_messages,
     stream_len,
     windows,
     with_self,
@@ -90,7 +93,7 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
-__all__ = ["reshard", "reshard_state_dict"]
+__all__ = ["release_buffers", "reshard", "reshard_state_dict"]
 
 
 def reshard(
@@ -478,7 +481,14 @@ def _copy(job: _Job, p: Piece, src_t: torch.Tensor, dst_t: torch.Tensor) -> None
 # How often an exchange used a tensor itself as the receive / send buffer, or packed its sends
 # into the local pieces' place in an output (scratch), on this process: a debug hook for the
 # tests (the only way to tell the paths apart from outside is memory).
-DIRECT_COUNTS = {"recv": 0, "send": 0, "self": 0, "scratch": 0}
+DIRECT_COUNTS = {
+    "recv": 0,
+    "send": 0,
+    "self": 0,
+    "scratch": 0,
+    "sent directly": 0,
+    "received directly": 0,
+}
 
 _Span = tuple["torch.Tensor", int, int]  # a contiguous tensor and a byte range [lo, hi) of it
 
@@ -512,19 +522,69 @@ def _bytes_of(t: torch.Tensor) -> torch.Tensor:
 
 
 def _wire_buffer(
-    span: _Span | None, quota: list[int], lengths: list[int], dev: torch.device, side: str
+    span: _Span | None,
+    quota: list[int],
+    lengths: list[int],
+    dev: torch.device,
+    side: str,
+    held: list[torch.Tensor] | None,
 ) -> torch.Tensor:
     """One round's worth of wire bytes per peer, or the tensor ``span`` itself when the
-    pieces already lie in it in wire order (no copy; counted in DIRECT_COUNTS[side])."""
+    pieces already lie in it in wire order (no copy; counted in DIRECT_COUNTS[side]).
+    ``held``: take the buffer from those kept since an earlier call (see :data:`_KEPT`) and
+    append it there, to be kept again after this one."""
     import torch
 
     if span is None:
         size = buffer_bytes(quota, lengths)
-        return torch.empty(size, dtype=torch.uint8, device=dev)
+        if held is None:
+            return torch.empty(size, dtype=torch.uint8, device=dev)
+        if size == 0:
+            return torch.empty(0, dtype=torch.uint8, device=dev)
+        buf = _take_kept(size, dev)
+        held.append(buf)
+        return buf[:size]
     buf = _flat_bytes(span)
     assert buf.numel() == sum(lengths)
     DIRECT_COUNTS[side] += 1
     return buf
+
+
+# Wire buffers kept between calls made with max_buffer_bytes (which bounds them: at most two
+# a device, a send and a receive buffer, each a round's bytes): a new buffer is fresh memory
+# the kernel zero-fills page by page as it is first written, and packing a round into it
+# cost 2-4x packing into memory touched before (see _send_scratch), once per call. A job
+# that reshards or refits every step keeps them, as engines keep their transfer buffers;
+# :func:`release_buffers` returns them. Locked: a simulated world's ranks are threads.
+_KEPT: dict[str, list[torch.Tensor]] = {}
+_KEPT_PER_DEVICE = 2
+_KEPT_LOCK = threading.Lock()
+
+
+def _take_kept(size: int, dev: torch.device) -> torch.Tensor:
+    import torch
+
+    with _KEPT_LOCK:
+        free = _KEPT.get(str(dev), [])
+        fits = [i for i, b in enumerate(free) if b.numel() >= size]
+        if fits:
+            return free.pop(min(fits, key=lambda i: free[i].numel()))
+    return torch.empty(size, dtype=torch.uint8, device=dev)
+
+
+def _keep(buffers: list[torch.Tensor]) -> None:
+    with _KEPT_LOCK:
+        for buf in buffers:
+            free = _KEPT.setdefault(str(buf.device), [])
+            free.append(buf)
+            free.sort(key=lambda b: -b.numel())
+            del free[_KEPT_PER_DEVICE:]
+
+
+def release_buffers() -> None:
+    """Free the wire buffers the executor kept from calls made with ``max_buffer_bytes``."""
+    with _KEPT_LOCK:
+        _KEPT.clear()
 
 
 def _flat_bytes(span: _Span) -> torch.Tensor:
@@ -548,13 +608,17 @@ def _exchange(
     send_len, recv_len = list(streams.send_len), list(streams.recv_len)
     recv_span = send_span = None
     via_self = False
+    p2p = _point_to_point(group)
     if rounds == 1:
         mine = local_stream(jobs, rank)
         mine_len = stream_len(mine)
         recv_span = _span(recvs, sending=False)
         send_span = _span(sends, sending=True)
-        # Sending the local pieces to ourselves must keep both buffers within the budget.
-        fits = budget is None or max(sum(send_len), sum(recv_len)) + mine_len <= budget
+        # Sending the local pieces to ourselves must keep both buffers within the budget; over
+        # point-to-point messages a rank does not send to itself.
+        fits = not p2p and (
+            budget is None or max(sum(send_len), sum(recv_len)) + mine_len <= budget
+        )
         if recv_span is None and mine_len and fits and _span([mine], sending=False):
             # The local pieces sit between the received ones: send them to ourselves.
             both = _span(with_self(recvs, rank, mine), sending=False)
@@ -570,6 +634,10 @@ def _exchange(
             DIRECT_COUNTS["self"] += 1
     send_q = quotas(send_len, rounds) if rounds else []
     recv_q = quotas(recv_len, rounds) if rounds else []
+    if p2p and rounds:
+        rounds_of = _messages(streams, send_q, recv_q, rounds, send_span, recv_span)
+        _exchange_messages(jobs, rounds_of, rank, dev, budget, send_span, recv_span, group)
+        return
     scratch = None
     if rounds and send_span is None and not via_self:
         scratch = _send_scratch(jobs, rank, buffer_bytes(send_q, send_len))
@@ -577,12 +645,13 @@ def _exchange(
         _copy_local(jobs, rank)
     if rounds == 0:
         return
+    held: list[torch.Tensor] | None = [] if budget is not None else None
     if scratch is not None:
         send_buf = scratch
         DIRECT_COUNTS["scratch"] += 1
     else:
-        send_buf = _wire_buffer(send_span, send_q, send_len, dev, "send")
-    recv_buf = _wire_buffer(recv_span, recv_q, recv_len, dev, "recv")
+        send_buf = _wire_buffer(send_span, send_q, send_len, dev, "send", held)
+    recv_buf = _wire_buffer(recv_span, recv_q, recv_len, dev, "recv", held)
     send_ptr = [0] * world
     recv_ptr = [0] * world
     send_peers, recv_peers = peers_of(send_len), peers_of(recv_len)
@@ -603,6 +672,190 @@ def _exchange(
     if scratch is not None:
         # Only now: until the last round the local pieces' place held the packed sends.
         _copy_local(jobs, rank)
+    if held:
+        _keep(held)
+
+
+# How rounds travel: "auto" (see _point_to_point), or "all_to_all" / "messages" to force one
+# (for the tests, which hold each transport's own paths; every rank of a call must agree).
+TRANSPORT = "auto"
+
+
+def _point_to_point(group: dist.ProcessGroup | None) -> bool:
+    """Whether the rounds travel as point-to-point messages rather than one
+    ``all_to_all_single``: on gloo, whose all-to-all is itself one send and one receive a
+    pair, so messages cost the same and let large pieces skip the buffer. Not on NCCL (its
+    all-to-all stays the transport there until a GPU run measures the other) nor on a
+    simulated world's threaded group, which has no send."""
+    import torch.distributed as dist
+
+    if TRANSPORT != "auto":
+        return TRANSPORT == "messages"
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if "multi_threaded" in type(pg).__module__:
+        return False
+    return str(dist.get_backend(group)) == "gloo"
+
+
+# One message of a round and where its bytes are on this rank: its tensor's own bytes (a
+# direct message whose tensor holds the cut contiguously, or the tensor that is the whole
+# buffer), or None (packed into / unpacked from the round's scratch).
+_Routed = tuple[Message[_Job], "torch.Tensor | None"]
+
+
+def _messages(
+    streams: Streams[_Job],
+    send_q: list[int],
+    recv_q: list[int],
+    rounds: int,
+    send_span: _Span | None,
+    recv_span: _Span | None,
+) -> list[tuple[list[_Routed], list[_Routed]]]:
+    """Every round's messages (sent, received), each with the bytes it travels from or into
+    where no copy is needed (see _Routed)."""
+    send_len, recv_len = streams.send_len, streams.recv_len
+    send_ptr, recv_ptr = [0] * len(send_len), [0] * len(recv_len)
+    send_peers, recv_peers = peers_of(send_len), peers_of(recv_len)
+    out = []
+    for t in range(rounds):
+        in_splits = windows(send_q, send_len, t, send_peers)
+        out_splits = windows(recv_q, recv_len, t, recv_peers)
+        sent = round_messages(streams.sends, send_ptr, send_q, in_splits, t, send_peers)
+        got = round_messages(streams.recvs, recv_ptr, recv_q, out_splits, t, recv_peers)
+        out.append(
+            (
+                [(m, _route(m, send_span, t, send_q, in_splits, True)) for m in sent],
+                [(m, _route(m, recv_span, t, recv_q, out_splits, False)) for m in got],
+            )
+        )
+    return out
+
+
+def _route(
+    m: Message[_Job],
+    span: _Span | None,
+    t: int,
+    quota: list[int],
+    splits: list[int],
+    sending: bool,
+) -> torch.Tensor | None:
+    if span is not None:
+        # The tensor is the buffer (one round): the message's bytes are at its buffer place.
+        assert t == 0
+        return _flat_bytes(span)[m.lo : m.hi]
+    return _direct(m, sending=sending) if m.direct else None
+
+
+def _exchange_messages(
+    jobs: list[_Job],
+    rounds: list[tuple[list[_Routed], list[_Routed]]],
+    rank: int,
+    dev: torch.device,
+    budget: int | None,
+    send_span: _Span | None,
+    recv_span: _Span | None,
+    group: dist.ProcessGroup | None,
+) -> None:
+    """The rounds as point-to-point messages (gloo). Round by round: every receive posted,
+    then every send, then all awaited, as an all-to-all would, so rounds follow each other as
+    its calls do and no rank waits for one that waits for it. A message whose bytes its
+    tensor holds contiguously travels from (into) the tensor; the others are packed into
+    (unpacked from) a scratch buffer back to back, each send posted as soon as it is packed.
+    The scratch holds only what a round packs (each message at a multiple of 16 bytes), so
+    about the round's window at most."""
+    send_need = max(sum(align(m.hi - m.lo) for m, b in sent if b is None) for sent, _ in rounds)
+    recv_need = max(sum(align(m.hi - m.lo) for m, b in got if b is None) for _, got in rounds)
+    held: list[torch.Tensor] | None = [] if budget is not None else None
+    scratch = _send_scratch(jobs, rank, send_need) if send_span is None else None
+    if scratch is not None:
+        DIRECT_COUNTS["scratch"] += 1
+    else:
+        _copy_local(jobs, rank)
+    send_buf = scratch if scratch is not None else _scratch(send_need, dev, held)
+    recv_buf = _scratch(recv_need, dev, held)
+    if send_span is not None:
+        DIRECT_COUNTS["send"] += 1
+    if recv_span is not None:
+        DIRECT_COUNTS["recv"] += 1
+    for sent, got in rounds:
+        _message_round(sent, got, send_buf, recv_buf, group)
+    if scratch is not None:
+        # Only now: until the last round the local pieces' place held the packed sends.
+        _copy_local(jobs, rank)
+    if held:
+        _keep(held)
+
+
+def _scratch(size: int, dev: torch.device, held: list[torch.Tensor] | None) -> torch.Tensor:
+    import torch
+
+    if size == 0 or held is None:
+        return torch.empty(size, dtype=torch.uint8, device=dev)
+    buf = _take_kept(size, dev)
+    held.append(buf)
+    return buf[:size]
+
+
+def _message_round(
+    sent: list[_Routed],
+    got: list[_Routed],
+    send_buf: torch.Tensor,
+    recv_buf: torch.Tensor,
+    group: dist.ProcessGroup | None,
+) -> None:
+    import torch.distributed as dist
+
+    def op(fn: object, m: Message[_Job], data: torch.Tensor) -> dist.P2POp:
+        return dist.P2POp(fn, data, group=group, tag=m.tag, group_peer=m.peer)  # type: ignore[arg-type]
+
+    ops = []
+    later: list[tuple[Message[_Job], int]] = []
+    pos = 0
+    for m, data in got:
+        if data is None:
+            data = recv_buf[pos : pos + m.hi - m.lo]
+            later.append((m, pos))
+            pos += align(m.hi - m.lo)
+        ops.append(op(dist.irecv, m, data))
+    packed: list[Message[_Job]] = []
+    for m, data in sent:
+        if data is None:
+            packed.append(m)
+        else:
+            ops.append(op(dist.isend, m, data))
+    # What travels from its tensor is on its way while the rest is packed.
+    works = list(dist.batch_isend_irecv(ops)) if ops else []
+    pos = 0
+    for m in packed:
+        for e, e0, e1, at in m.cuts:
+            _copy_range(e, e0, e1, send_buf, pos + at - m.lo, pack=True)
+        works += dist.batch_isend_irecv([op(dist.isend, m, send_buf[pos : pos + m.hi - m.lo])])
+        pos += align(m.hi - m.lo)
+    for work in works:
+        work.wait()
+    for m, at in later:
+        for e, e0, e1, cut in m.cuts:
+            _copy_range(e, e0, e1, recv_buf, at + cut - m.lo, pack=False)
+
+
+def _direct(m: Message[_Job], *, sending: bool) -> torch.Tensor | None:
+    """The bytes of the message's one cut in its tensor, when they lie there contiguously."""
+    ((e, e0, e1, _),) = m.cuts
+    job, p = e.job, e.piece
+    if sending:
+        tensor = job.inputs[p.src_local]
+        outer = job.src.shards[p.src_shard].box.offsets
+    else:
+        tensor = job.outputs[p.dst_local]
+        outer = job.dst.shards[p.dst_shard].box.offsets
+    blocks = flat_blocks(p.sizes, e0, e1)
+    if len(blocks) != 1:
+        return None
+    view = tensor[_rel(p, outer, blocks[0])]
+    if not view.is_contiguous():
+        return None
+    DIRECT_COUNTS["sent directly" if sending else "received directly"] += 1
+    return _bytes_of(view)
 
 
 def _copy_local(jobs: list[_Job], rank: int) -> None:

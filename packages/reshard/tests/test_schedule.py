@@ -521,8 +521,9 @@ def test_round_messages_group_the_cuts_alike_at_both_ends(
     case: Case, budget: int | None, direct: int
 ) -> None:
     """Messages of a round hold the round's cuts in order, each cut of at least ``direct``
-    bytes alone (and direct), every run of smaller cuts in one buffer span; the sender's
-    messages to a peer are the peer's messages from it (same tags, spans and sizes)."""
+    bytes alone (and direct), every run of smaller cuts in one buffer span, tagged 0, 1, 2, ...
+    a pair over all rounds; the sender's messages to a peer are the peer's messages from it
+    (same tags, spans and sizes)."""
     streams = [Streams(case.jobs(r), r, case.world) for r in range(case.world)]
     rounds = max([s.rounds_needed(budget) for s in streams] + [1])
     by_pair: dict[tuple[int, int, int, bool], list[tuple[int, int, int, bool]]] = {}
@@ -531,13 +532,14 @@ def test_round_messages_group_the_cuts_alike_at_both_ends(
             lines, lengths = (s.sends, s.send_len) if sending else (s.recvs, s.recv_len)
             q = quotas(lengths, rounds)
             ptr, cut_ptr = [0] * case.world, [0] * case.world
+            counters = [0] * case.world
+            tags: dict[int, int] = {}  # a pair's tags run on over the rounds of a call
             for t in range(rounds):
                 splits = windows(q, lengths, t)
                 cuts = round_cuts(lines, cut_ptr, q, splits, t)
-                msgs = round_messages(lines, ptr, q, splits, t, None, direct)
+                msgs = round_messages(lines, ptr, q, splits, t, None, counters, direct)
                 flat = [c for m in msgs for c in m.cuts]
                 assert flat == [c for c in cuts if c[2] > c[1]], f"rank {r} round {t}"
-                tags: dict[int, int] = {}
                 for m in msgs:
                     sizes = [(e1 - e0) * e.job.itemsize for e, e0, e1, _ in m.cuts]
                     assert m.direct == (sizes[0] >= direct) and (len(sizes) == 1 or not m.direct)

@@ -715,13 +715,14 @@ def _messages(
     where no copy is needed (see _Routed)."""
     send_len, recv_len = streams.send_len, streams.recv_len
     send_ptr, recv_ptr = [0] * len(send_len), [0] * len(recv_len)
+    send_tags, recv_tags = [0] * len(send_len), [0] * len(recv_len)
     send_peers, recv_peers = peers_of(send_len), peers_of(recv_len)
     out = []
     for t in range(rounds):
         in_splits = windows(send_q, send_len, t, send_peers)
         out_splits = windows(recv_q, recv_len, t, recv_peers)
-        sent = round_messages(streams.sends, send_ptr, send_q, in_splits, t, send_peers)
-        got = round_messages(streams.recvs, recv_ptr, recv_q, out_splits, t, recv_peers)
+        sent = round_messages(streams.sends, send_ptr, send_q, in_splits, t, send_peers, send_tags)
+        got = round_messages(streams.recvs, recv_ptr, recv_q, out_splits, t, recv_peers, recv_tags)
         out.append(
             (
                 [(m, _route(m, send_span, t, send_q, in_splits, True)) for m in sent],
@@ -777,8 +778,10 @@ def _exchange_messages(
         DIRECT_COUNTS["send"] += 1
     if recv_span is not None:
         DIRECT_COUNTS["recv"] += 1
-    for sent, got in rounds:
-        _message_round(sent, got, send_buf, recv_buf, group)
+    ahead = _post_direct(rounds[0], group)
+    for t, (sent, got) in enumerate(rounds):
+        following = rounds[t + 1] if t + 1 < len(rounds) else None
+        ahead = _message_round(sent, got, send_buf, recv_buf, group, ahead, following)
     if scratch is not None:
         # Only now: until the last round the local pieces' place held the packed sends.
         _copy_local(jobs, rank)
@@ -796,46 +799,65 @@ def _scratch(size: int, dev: torch.device, held: list[torch.Tensor] | None) -> t
     return buf[:size]
 
 
+def _op(
+    fn: object, m: Message[_Job], data: torch.Tensor, group: dist.ProcessGroup | None
+) -> dist.P2POp:
+    import torch.distributed as dist
+
+    return dist.P2POp(fn, data, group=group, tag=m.tag, group_peer=m.peer)  # type: ignore[arg-type]
+
+
+def _post_direct(
+    messages: tuple[list[_Routed], list[_Routed]], group: dist.ProcessGroup | None
+) -> list[dist.Work]:
+    """Post a round's messages that need no buffer (receives first)."""
+    import torch.distributed as dist
+
+    sent, got = messages
+    ops = [_op(dist.irecv, m, data, group) for m, data in got if data is not None]
+    ops += [_op(dist.isend, m, data, group) for m, data in sent if data is not None]
+    return list(dist.batch_isend_irecv(ops)) if ops else []
+
+
 def _message_round(
     sent: list[_Routed],
     got: list[_Routed],
     send_buf: torch.Tensor,
     recv_buf: torch.Tensor,
     group: dist.ProcessGroup | None,
-) -> None:
+    direct: list[dist.Work],
+    following: tuple[list[_Routed], list[_Routed]] | None,
+) -> list[dist.Work]:
+    """One round: its messages that need no buffer were posted already (``direct``, a round
+    ahead); its buffered receives are posted, its buffered sends packed and posted one by one,
+    then the next round's direct messages, so that the wire does not drain between rounds;
+    then this round's are awaited and unpacked. Returns the next round's posted messages."""
     import torch.distributed as dist
-
-    def op(fn: object, m: Message[_Job], data: torch.Tensor) -> dist.P2POp:
-        return dist.P2POp(fn, data, group=group, tag=m.tag, group_peer=m.peer)  # type: ignore[arg-type]
 
     ops = []
     later: list[tuple[Message[_Job], int]] = []
     pos = 0
     for m, data in got:
         if data is None:
-            data = recv_buf[pos : pos + m.hi - m.lo]
+            ops.append(_op(dist.irecv, m, recv_buf[pos : pos + m.hi - m.lo], group))
             later.append((m, pos))
             pos += align(m.hi - m.lo)
-        ops.append(op(dist.irecv, m, data))
-    packed: list[Message[_Job]] = []
-    for m, data in sent:
-        if data is None:
-            packed.append(m)
-        else:
-            ops.append(op(dist.isend, m, data))
-    # What travels from its tensor is on its way while the rest is packed.
     works = list(dist.batch_isend_irecv(ops)) if ops else []
     pos = 0
-    for m in packed:
-        for e, e0, e1, at in m.cuts:
-            _copy_range(e, e0, e1, send_buf, pos + at - m.lo, pack=True)
-        works += dist.batch_isend_irecv([op(dist.isend, m, send_buf[pos : pos + m.hi - m.lo])])
-        pos += align(m.hi - m.lo)
-    for work in works:
+    for m, data in sent:
+        if data is None:
+            for e, e0, e1, at in m.cuts:
+                _copy_range(e, e0, e1, send_buf, pos + at - m.lo, pack=True)
+            chunk = send_buf[pos : pos + m.hi - m.lo]
+            works += dist.batch_isend_irecv([_op(dist.isend, m, chunk, group)])
+            pos += align(m.hi - m.lo)
+    ahead = _post_direct(following, group) if following is not None else []
+    for work in (*direct, *works):
         work.wait()
     for m, at in later:
         for e, e0, e1, cut in m.cuts:
             _copy_range(e, e0, e1, recv_buf, at + cut - m.lo, pack=False)
+    return ahead
 
 
 def _direct(m: Message[_Job], *, sending: bool) -> torch.Tensor | None:
@@ -848,14 +870,20 @@ def _direct(m: Message[_Job], *, sending: bool) -> torch.Tensor | None:
     else:
         tensor = job.outputs[p.dst_local]
         outer = job.dst.shards[p.dst_shard].box.offsets
-    blocks = flat_blocks(p.sizes, e0, e1)
-    if len(blocks) != 1:
-        return None
-    view = tensor[_rel(p, outer, blocks[0])]
-    if not view.is_contiguous():
-        return None
+    whole = tensor[_rel(p, outer, ((0,) * len(p.sizes), p.sizes))]
+    if whole.is_contiguous():
+        # any run of a contiguous piece's elements is contiguous (a round's window may cut it)
+        data = _bytes_of(whole)[e0 * job.itemsize : e1 * job.itemsize]
+    else:
+        blocks = flat_blocks(p.sizes, e0, e1)
+        if len(blocks) != 1:
+            return None
+        view = tensor[_rel(p, outer, blocks[0])]
+        if not view.is_contiguous():
+            return None
+        data = _bytes_of(view)
     DIRECT_COUNTS["sent directly" if sending else "received directly"] += 1
-    return _bytes_of(view)
+    return data
 
 
 def _copy_local(jobs: list[_Job], rank: int) -> None:

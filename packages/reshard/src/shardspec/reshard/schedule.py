@@ -257,13 +257,17 @@ def round_messages(
     splits: Sequence[int],
     t: int,
     peers: Sequence[int] | None = None,
+    tags: list[int] | None = None,
     direct_bytes: int = DIRECT_BYTES,
 ) -> list[Message[J]]:
     """Round ``t``'s cuts (as :func:`round_cuts`, same buffer positions) as messages, peer
     after peer: each cut of at least ``direct_bytes`` bytes alone, each run of smaller cuts
     between them as one message spanning them (padding between them included). Computed from
     the stream alone, so the sender and the receiver of a pair cut it into the same messages,
-    tagged by their place among the pair's messages of the round."""
+    tagged by their place among the pair's messages of the round, or with ``tags`` (one
+    counter a peer, start at zeros, run the rounds in order) among the pair's messages of
+    every round so far: the tags of a call's messages of a pair then differ, and messages of
+    two rounds may be in flight at once."""
     out: list[Message[J]] = []
     base = 0
     for peer in range(len(splits)) if peers is None else peers:
@@ -275,7 +279,7 @@ def round_messages(
         ptr[peer] = _cut_window(streams[peer], ptr[peer], lo, lo + n, base, cuts)
         base += n
         run: list[Cut[J]] = []
-        tag = 0
+        tag = 0 if tags is None else tags[peer]
         for cut in cuts:
             e, e0, e1, pos = cut
             size = (e1 - e0) * e.job.itemsize
@@ -289,6 +293,9 @@ def round_messages(
                 run.append(cut)
         if run:
             out.append(Message(peer, tag, run[0][3], _end(run[-1]), run, False))
+            tag += 1
+        if tags is not None:
+            tags[peer] = tag
     return out
 
 

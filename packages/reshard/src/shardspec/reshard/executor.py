@@ -81,6 +81,7 @@ from .schedule import (
     contiguous_span,
     local_stream,
     peers_of,
+    piece_bytes,
     quotas,
     round_cuts,
     round_messages,
@@ -942,6 +943,17 @@ def _copy_range(
     else:
         tensor = job.outputs[p.dst_local]
         outer = job.dst.shards[p.dst_shard].box.offsets
+    span = piece_bytes(tensor.shape, outer, p, job.itemsize) if tensor.is_contiguous() else None
+    if span is not None:
+        # The piece is one run of its tensor's bytes (so is any run of its elements): one
+        # byte copy, whatever the alignment; most pieces of a state dict of small tensors.
+        mine = _bytes_of(tensor)[span[0] + e0 * job.itemsize : span[0] + e1 * job.itemsize]
+        raw = buf[pos : pos + mine.numel()]
+        if pack:
+            raw.copy_(mine)
+        else:
+            mine.copy_(raw)
+        return
     for block in flat_blocks(p.sizes, e0, e1):
         n = math.prod(block[1]) * job.itemsize
         view = tensor[_rel(p, outer, block)]

@@ -23,6 +23,16 @@ from conformance.strategies.streams import large_reshard_cases, reshard_cases, s
 from shardspec.metadata import chunk_layout
 from shardspec.testing import RankCrash
 
+SHARDED_TENSOR_RESHARD = pytest.mark.known_defect(
+    "torch",
+    "ShardedTensor.reshard picks the wrong sender when only the rank order changes "
+    "(reshuffle_local_shard) and uses list all_to_all, which gloo rejects for uneven sizes "
+    "(reshard_local_shard)",
+    raises=(AssertionError, RankCrash),
+    match=rf"{GLOO_ABORT}|(?s:raised in 'reshard\.torch_sharded'.*ProcessGroupGloo::scatter: "
+    r"invalid tensor size)",
+)
+
 
 def _known_case(dim: int, ranks: list[int]) -> dict[str, Any]:
     """The 12x21 tensor chunked on dim 0 over ranks 0-3, to a chunking of ``dim`` over
@@ -39,15 +49,7 @@ def _known_case(dim: int, ranks: list[int]) -> dict[str, Any]:
 
 @pytest.mark.rule("RESHARD-1", "RESHARD-6")
 @pytest.mark.pool
-@pytest.mark.known_defect(
-    "torch",
-    "ShardedTensor.reshard picks the wrong sender when only the rank order changes "
-    "(reshuffle_local_shard) and uses list all_to_all, which gloo rejects for uneven sizes "
-    "(reshard_local_shard)",
-    raises=(AssertionError, RankCrash),
-    match=rf"{GLOO_ABORT}|(?s:raised in 'reshard\.torch_sharded'.*ProcessGroupGloo::scatter: "
-    r"invalid tensor size)",
-)
+@SHARDED_TENSOR_RESHARD
 @given(reshard_cases())
 @example(_known_case(0, [1, 2, 3, 0]))  # upstream: the wrong sender, gloo aborts
 @example(_known_case(1, [0, 1, 2, 3]))  # upstream: list all_to_all, 21 = 6+6+6+3 columns
@@ -82,15 +84,7 @@ def _check_reshard(impl: Impl, pools: Any, c: dict[str, Any]) -> None:
 
 @pytest.mark.rule("RESHARD-1", "RESHARD-6")
 @pytest.mark.pool
-@pytest.mark.known_defect(
-    "torch",
-    "ShardedTensor.reshard picks the wrong sender when only the rank order changes "
-    "(reshuffle_local_shard) and uses list all_to_all, which gloo rejects for uneven sizes "
-    "(reshard_local_shard)",
-    raises=(AssertionError, RankCrash),
-    match=rf"{GLOO_ABORT}|(?s:raised in 'reshard\.torch_sharded'.*ProcessGroupGloo::scatter: "
-    r"invalid tensor size)",
-)
+@SHARDED_TENSOR_RESHARD
 @given(large_reshard_cases())
 def test_large_pieces_travel_from_and_into_the_tensors_that_hold_them(
     impl: Impl, pools: Any, c: dict[str, Any]

@@ -865,12 +865,7 @@ def _direct(m: Message[_Job], *, sending: bool) -> torch.Tensor | None:
     """The bytes of the message's one cut in its tensor, when they lie there contiguously."""
     ((e, e0, e1, _),) = m.cuts
     job, p = e.job, e.piece
-    if sending:
-        tensor = job.inputs[p.src_local]
-        outer = job.src.shards[p.src_shard].box.offsets
-    else:
-        tensor = job.outputs[p.dst_local]
-        outer = job.dst.shards[p.dst_shard].box.offsets
+    tensor, outer = _holder(e, sending)
     whole = tensor[_rel(p, outer, ((0,) * len(p.sizes), p.sizes))]
     if whole.is_contiguous():
         # any run of a contiguous piece's elements is contiguous (a round's window may cut it)
@@ -930,6 +925,15 @@ def _walk_round(
         _copy_range(e, e0, e1, buf, pos, pack=pack)
 
 
+def _holder(e: Entry[_Job], sending: bool) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """The tensor that holds the entry's piece on this rank (its input when ``sending``, else
+    its output) and the offsets of that tensor's box."""
+    job, p = e.job, e.piece
+    if sending:
+        return job.inputs[p.src_local], job.src.shards[p.src_shard].box.offsets
+    return job.outputs[p.dst_local], job.dst.shards[p.dst_shard].box.offsets
+
+
 def _copy_range(
     e: Entry[_Job], e0: int, e1: int, buf: torch.Tensor, pos: int, *, pack: bool
 ) -> None:
@@ -937,12 +941,7 @@ def _copy_range(
 
     job, p = e.job, e.piece
     assert job.dtype is not None
-    if pack:
-        tensor = job.inputs[p.src_local]
-        outer = job.src.shards[p.src_shard].box.offsets
-    else:
-        tensor = job.outputs[p.dst_local]
-        outer = job.dst.shards[p.dst_shard].box.offsets
+    tensor, outer = _holder(e, pack)
     span = piece_bytes(tensor.shape, outer, p, job.itemsize) if tensor.is_contiguous() else None
     if span is not None:
         # The piece is one run of its tensor's bytes (so is any run of its elements): one

@@ -62,7 +62,7 @@ def reshard_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
 
 @st.composite
 def large_reshard_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
-    """:func:`reshard_cases`' dict for a 2-D tensor of 1-6 MiB chunked (unevenly, in drawn
+    """:func:`reshard_cases`' dict for a 2-D tensor of 1-12 MiB chunked (unevenly, in drawn
     rank orders) on either dim to either dim, on 2 to ``max_world`` pooled ranks: pieces of
     hundreds of KiB, at which the executor's rounds send a piece from the tensor that holds it
     and receive it into the output (shardspec.reshard.schedule.DIRECT_BYTES), cut by the
@@ -73,7 +73,8 @@ def large_reshard_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
     dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.int8, torch.float64]))
     item = torch.empty((), dtype=dtype).element_size()
     cols = draw(st.integers(200, 1500), label="cols")
-    nbytes = draw(st.integers(1 << 20, 6 << 20), label="bytes")
+    # a piece is about a world-squared-th of the tensor: 1-3 times DIRECT_BYTES (256 KiB)
+    nbytes = draw(st.integers(world * world << 18, 3 * world * world << 18), label="bytes")
     rows = max(world, nbytes // (cols * item))
     shape = (rows, cols)
 

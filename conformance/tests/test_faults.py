@@ -174,6 +174,15 @@ def _check_peak(total: int, budget: int) -> None:
             pytest.skip(v["skip"])
         assert "growth" in v, (rank, v)
         assert v["ok"], f"rank {rank}: wrong values"
+        assert v["kept"] <= 2 and v["kept_after_release"] == 0, (
+            f"rank {rank}: kept {v['kept']} buffers, {v['kept_after_release']} after "
+            "release_buffers() (at most 2 a device, then none)"
+        )
+        assert v["growth_again"] < v["out_bytes"] + FIXED_OVERHEAD, (
+            f"rank {rank}: a second call grew the peak RSS by {v['growth_again'] / 2**20:.1f} "
+            f"MiB, more than its outputs ({v['out_bytes'] / 2**20:.1f} MiB): it did not reuse "
+            "the buffers the first kept"
+        )
         limit = v["out_bytes"] + 2 * budget + FIXED_OVERHEAD
         assert v["growth"] < limit, (
             f"rank {rank}: peak RSS grew {v['growth'] / 2**20:.1f} MiB, more than its outputs "

@@ -271,22 +271,21 @@ def round_messages(
     quota: Sequence[int],
     splits: Sequence[int],
     t: int,
-    peers: Sequence[int] | None = None,
-    tags: list[int] | None = None,
+    peers: Sequence[int] | None,
+    tags: list[int],
     direct_bytes: int = DIRECT_BYTES,
 ) -> list[Message[J]]:
     """Round ``t``'s cuts (as :func:`round_cuts`, same buffer positions) as messages, peer
     after peer: each cut of at least ``direct_bytes`` bytes alone, each run of smaller cuts
     between them as one message spanning them (padding between them included). Computed from
-    the stream alone, so the sender and the receiver of a pair cut it into the same messages,
-    tagged by their place among the pair's messages of the round, or with ``tags`` (one
-    counter a peer, start at zeros, run the rounds in order) among the pair's messages of
-    every round so far: the tags of a call's messages of a pair then differ, and messages of
-    two rounds may be in flight at once."""
+    the stream alone, so the sender and the receiver of a pair cut it into the same messages.
+    A message's tag is its place among the pair's messages of every round so far (``tags``:
+    one counter a peer, start at zeros, run the rounds in order), so the messages of two
+    rounds in flight at once never share a tag."""
     out: list[Message[J]] = []
     for peer, cuts in _windows_cut(streams, ptr, quota, splits, t, peers):
         run: list[Cut[J]] = []
-        tag = 0 if tags is None else tags[peer]
+        tag = tags[peer]
         for cut in cuts:
             e, e0, e1, pos = cut
             size = (e1 - e0) * e.job.itemsize
@@ -296,13 +295,12 @@ def round_messages(
                     tag, run = tag + 1, []
                 out.append(Message(peer, tag, pos, pos + size, [cut], True))
                 tag += 1
-            elif size:
+            else:  # a cut is never empty (_cut_window)
                 run.append(cut)
         if run:
             out.append(Message(peer, tag, run[0][3], _end(run[-1]), run, False))
             tag += 1
-        if tags is not None:
-            tags[peer] = tag
+        tags[peer] = tag
     return out
 
 

@@ -726,24 +726,16 @@ def _messages(
         got = round_messages(streams.recvs, recv_ptr, recv_q, out_splits, t, recv_peers, recv_tags)
         out.append(
             (
-                [(m, _route(m, send_span, t, send_q, in_splits, True)) for m in sent],
-                [(m, _route(m, recv_span, t, recv_q, out_splits, False)) for m in got],
+                [(m, _route(m, send_span, sending=True)) for m in sent],
+                [(m, _route(m, recv_span, sending=False)) for m in got],
             )
         )
     return out
 
 
-def _route(
-    m: Message[_Job],
-    span: _Span | None,
-    t: int,
-    quota: list[int],
-    splits: list[int],
-    sending: bool,
-) -> torch.Tensor | None:
+def _route(m: Message[_Job], span: _Span | None, *, sending: bool) -> torch.Tensor | None:
     if span is not None:
-        # The tensor is the buffer (one round): the message's bytes are at its buffer place.
-        assert t == 0
+        # The tensor is the buffer (there is one round): the message's bytes are at its place.
         return _flat_bytes(span)[m.lo : m.hi]
     return _direct(m, sending=sending) if m.direct else None
 
@@ -758,13 +750,12 @@ def _exchange_messages(
     recv_span: _Span | None,
     group: dist.ProcessGroup | None,
 ) -> None:
-    """The rounds as point-to-point messages (gloo). Round by round: every receive posted,
-    then every send, then all awaited, as an all-to-all would, so rounds follow each other as
-    its calls do and no rank waits for one that waits for it. A message whose bytes its
-    tensor holds contiguously travels from (into) the tensor; the others are packed into
-    (unpacked from) a scratch buffer back to back, each send posted as soon as it is packed.
-    The scratch holds only what a round packs (each message at a multiple of 16 bytes), so
-    about the round's window at most."""
+    """The rounds as point-to-point messages (gloo), one after the other as the all-to-all's
+    calls would be (see :func:`_message_round`). A message whose bytes its tensor holds
+    contiguously travels from (into) the tensor; the others are packed into (unpacked from)
+    a scratch buffer back to back, each send posted as soon as it is packed. The scratch
+    holds only what a round packs (each message at a multiple of 16 bytes), so about the
+    round's window at most."""
     send_need = max(sum(align(m.hi - m.lo) for m, b in sent if b is None) for sent, _ in rounds)
     recv_need = max(sum(align(m.hi - m.lo) for m, b in got if b is None) for _, got in rounds)
     held: list[torch.Tensor] | None = [] if budget is not None else None
@@ -832,7 +823,12 @@ def _message_round(
     """One round: its messages that need no buffer were posted already (``direct``, a round
     ahead); its buffered receives are posted, its buffered sends packed and posted one by one,
     then the next round's direct messages, so that the wire does not drain between rounds;
-    then this round's are awaited and unpacked. Returns the next round's posted messages."""
+    then this round's are awaited and unpacked. Returns the next round's posted messages.
+
+    Every rank posts all of round ``t``'s messages (and ``t + 1``'s direct ones) before it
+    waits on any of round ``t``, and waits on nothing of a later round: so whatever a rank
+    waits on, its peer has posted or will post before waiting itself, and no rank waits for
+    one that waits for it. gloo moves a message's bytes once both ends have posted it."""
     import torch.distributed as dist
 
     ops = []

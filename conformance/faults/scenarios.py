@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from shardspec.metadata import chunk_layout
-from shardspec.reshard import executor, release_buffers, reshard, reshard_state_dict
+from shardspec.reshard import buffers, release_buffers, reshard, reshard_state_dict
 from shardspec.testing.memory import reset_peak_rss, rss
 
 SHAPE = (8, 6)
@@ -212,13 +212,13 @@ def big_state_dict(rank: int, world: int, total_bytes: int, budget: int) -> dict
     again = reshard_state_dict(state, src, dst, max_buffer_bytes=budget)
     peak2 = _status_kib("VmHWM") * 1024
     ok = ok and right(again)
-    kept = sum(len(v) for v in executor._KEPT.values())
+    kept = sum(len(v) for v in buffers._KEPT.values())
     release_buffers()
     return {
         "growth": peak - base,
         "growth_again": peak2 - base2,
         "kept": kept,
-        "kept_after_release": sum(len(v) for v in executor._KEPT.values()),
+        "kept_after_release": sum(len(v) for v in buffers._KEPT.values()),
         "out_bytes": out_bytes,
         "budget": budget,
         "ok": ok,

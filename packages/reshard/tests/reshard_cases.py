@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from shardspec.metadata import Box, Layout, Shard, chunk_layout
-from shardspec.reshard import executor, reshard, reshard_state_dict
+from shardspec.reshard import messages, reshard, reshard_state_dict
 from shardspec.testing.tensors import random_tensor
 
 DTYPES = [
@@ -263,12 +263,12 @@ def count_all_to_all(
         return real(output, input, *a, **k)
 
     dist.all_to_all_single = counting
-    old, executor.TRANSPORT = executor.TRANSPORT, "all_to_all"
+    old, messages.TRANSPORT = messages.TRANSPORT, "all_to_all"
     try:
         res = reshard(inputs, src, dst, max_buffer_bytes=budget)
     finally:
         dist.all_to_all_single = real
-        executor.TRANSPORT = old
+        messages.TRANSPORT = old
     return calls[0], calls[1], res, calls[2]
 
 
@@ -278,7 +278,7 @@ def _count_messages(
     """count_all_to_all over messages: rounds, the largest buffer, and the bytes of every
     message this rank sent, read from what each round was given."""
     calls = [0, 0, 0]
-    real = executor._message_round
+    real = messages._message_round
 
     def counting(sent: Any, got: Any, send_buf: Any, recv_buf: Any, *a: Any, **k: Any) -> Any:
         calls[0] += 1
@@ -286,11 +286,11 @@ def _count_messages(
         calls[1] = max(calls[1], send_buf.numel(), recv_buf.numel())
         return real(sent, got, send_buf, recv_buf, *a, **k)
 
-    executor._message_round = counting  # type: ignore[assignment]
-    old, executor.TRANSPORT = executor.TRANSPORT, "messages"
+    messages._message_round = counting  # type: ignore[assignment]
+    old, messages.TRANSPORT = messages.TRANSPORT, "messages"
     try:
         res = reshard(inputs, src, dst, max_buffer_bytes=budget)
     finally:
-        executor._message_round = real  # type: ignore[assignment]
-        executor.TRANSPORT = old
+        messages._message_round = real  # type: ignore[assignment]
+        messages.TRANSPORT = old
     return calls[0], calls[1], res, calls[2]

@@ -14,18 +14,18 @@ from typing import Any, TypeVar
 import torch
 
 from shardspec.metadata import Layout
-from shardspec.reshard import executor, reshard, reshard_state_dict
+from shardspec.reshard import buffers, executor, messages, reshard, reshard_state_dict
 
 T = TypeVar("T")
 
 
 @contextmanager
 def transport(name: str) -> Iterator[None]:
-    old, executor.TRANSPORT = executor.TRANSPORT, name
+    old, messages.TRANSPORT = messages.TRANSPORT, name
     try:
         yield
     finally:
-        executor.TRANSPORT = old
+        messages.TRANSPORT = old
 
 
 def _via(name: str, fn: Callable[[], T]) -> T:
@@ -104,11 +104,11 @@ def run_kept(
     """Each state dict resharded in turn with ``budget`` over messages: its outputs and how
     many wire buffers the executor kept after it; the kept buffers are released at the end."""
     out = []
-    executor.release_buffers()
+    buffers.release_buffers()
     with transport("messages"):
         for state, src, dst in calls:
             res = reshard_state_dict(state, src, dst, max_buffer_bytes=budget)
-            out.append((res, sum(len(v) for v in executor._KEPT.values())))
-    executor.release_buffers()
-    out.append(({}, sum(len(v) for v in executor._KEPT.values())))
+            out.append((res, sum(len(v) for v in buffers._KEPT.values())))
+    buffers.release_buffers()
+    out.append(({}, sum(len(v) for v in buffers._KEPT.values())))
     return out

@@ -465,7 +465,7 @@ def replica_digests(
             if (box.offsets, box.sizes) in replicated:
                 flat = t.detach().reshape(-1).contiguous().cpu()
                 # A one-element view keeps its stride through .contiguous(), which a dtype
-                # view refuses: read its one element with stride 1 (as executor._bytes_of).
+                # view refuses: read its one element with stride 1 (as pieces.bytes_of).
                 flat = flat.as_strided((flat.numel(),), (1,))
                 data = flat.view(torch.uint8).numpy().tobytes()
                 out.append(hashlib.blake2b(data, digest_size=_DIGEST).digest())

@@ -148,8 +148,12 @@ def test_uneven_columns_to_rows_send_in_place(
 @pytest.mark.rule("RESHARD-1", "RESHARD-6")
 @pytest.mark.parametrize("contiguous", [True, False])
 @pytest.mark.parametrize("budget", [None, 40, 1000])
+@pytest.mark.parametrize(
+    ("transport", "reverse"),
+    [("all_to_all", False), ("all_to_all", True), ("messages", False), ("messages", True)],
+)
 def test_mixed_dtype_state_dict_with_odd_pieces(
-    pool: RankPool, budget: int | None, contiguous: bool
+    pool: RankPool, budget: int | None, contiguous: bool, transport: str, reverse: bool
 ) -> None:
     # Key order puts wider dtypes after narrower ones with odd-sized pieces in between (a
     # 1-byte piece, then a complex64 one), so stream offsets need padding and, in the buffer
@@ -166,14 +170,18 @@ def test_mixed_dtype_state_dict_with_odd_pieces(
         "h": ((0, 5), torch.int16),
         "i": ((11, 3), torch.float32),
     }
+    # ``reverse``: columns to rows, so that pieces are strided where they land (unpacked at
+    # odd offsets through a scratch block) rather than where they are sent from.
     src = {k: chunk_layout(s, 0, range(WORLD)) for k, (s, _) in specs.items()}
     dst = {
         k: chunk_layout(s, len(s) - 1, [3, 1, 0, 2] if len(s) > 1 else [2, 0, 3, 1])
         for k, (s, _) in specs.items()
     }
+    if reverse:
+        src, dst = dst, src
     full = {k: random_tensor(s, d, 20 + i) for i, (k, (s, d)) in enumerate(specs.items())}
     states = [{k: _inputs(src[k], full[k], contiguous)[r] for k in specs} for r in range(WORLD)]
-    kwargs = {"max_buffer_bytes": budget}
+    kwargs = {"max_buffer_bytes": budget, "transport": transport}
     answers = pool.call(
         run_state_dict_counted,
         per_rank=[(states[r], src, dst, kwargs) for r in range(WORLD)],
@@ -187,7 +195,7 @@ def test_mixed_dtype_state_dict_with_odd_pieces(
                 assert reference.same_bits(a, b), f"{k} on rank {r}, budget {budget}"
     if budget == 40:
         # Many rounds: the general path on every rank.
-        assert all(sum(c.values()) == 0 for _, c in answers)
+        assert all(sum(c.values()) == 0 for _, c in answers), [c for _, c in answers]
 
 
 def _outs(dst: Layout, dtype: torch.dtype, contiguous: bool = True) -> list[list[torch.Tensor]]:

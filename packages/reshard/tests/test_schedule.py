@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -557,3 +558,32 @@ def test_round_messages_group_the_cuts_alike_at_both_ends(
             assert [(tag, n, d) for tag, _, n, d in msgs] == [
                 (tag, n, d) for tag, _, n, d in other
             ], f"{src} -> {dst} round {t}: sent {msgs}, received {other}"
+
+
+@pytest.mark.rule("RESHARD-6")
+@given(cases(), budgets, st.integers(1, 64), st.randoms(use_true_random=False))
+@example(ODD_SHAPES, 1, 16, random.Random(0))
+@example(SEVENTEEN, 20, 1, random.Random(1))
+def test_a_rounds_packed_messages_fit_its_all_to_all_buffer_at_its_alignment(
+    case: Case, budget: int | None, direct: int, rng: random.Random
+) -> None:
+    """Whichever of a round's messages a rank packs (those its tensors do not hold
+    contiguously), the scratch they are packed into is no larger than the round's
+    all-to-all buffer, and each lands at its offset there modulo 16."""
+    from shardspec.reshard.messages import _packed_at, _packed_end
+
+    for r in range(case.world):
+        s = Streams(case.jobs(r), r, case.world)
+        rounds = s.rounds_needed(budget)
+        q = quotas(s.send_len, rounds) if rounds else []
+        ptr, tags = [0] * case.world, [0] * case.world
+        for t in range(rounds):
+            splits = windows(q, s.send_len, t)
+            msgs = round_messages(s.sends, ptr, q, splits, t, None, tags, direct)
+            packed = [m for m in msgs if rng.random() < 0.6]
+            assert _packed_end(packed) <= sum(splits), f"rank {r} round {t}"
+            pos = 0
+            for m in packed:
+                at = _packed_at(pos, m)
+                assert at >= pos and at % 16 == m.lo % 16 and at <= m.lo
+                pos = at + m.hi - m.lo

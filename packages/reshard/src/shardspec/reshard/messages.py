@@ -22,7 +22,7 @@ from .pieces import (
     rel,
     send_scratch,
 )
-from .schedule import Message, Streams, align, peers_of, round_messages, windows
+from .schedule import WINDOW, Message, Streams, peers_of, round_messages, windows
 
 if TYPE_CHECKING:
     import torch
@@ -108,14 +108,14 @@ def exchange_messages(
     """The rounds as point-to-point messages (gloo), one after the other as the all-to-all's
     calls would be (see :func:`_message_round`). A message whose bytes its tensor holds
     contiguously travels from (into) the tensor; the others are packed into (unpacked from)
-    a scratch buffer back to back, each send posted as soon as it is packed. The scratch
-    holds only what a round packs (each message at a multiple of 16 bytes), so about the
-    round's window at most. ``quotas``: each stream's window (sends, receives) over the
-    agreed rounds; ``spans``: the tensor that is the whole send (receive) buffer, or None."""
+    a scratch buffer back to back, each send posted as soon as it is packed (see
+    :func:`_packed_at`: never more than the all-to-all's buffer of the round). ``quotas``:
+    each stream's window (sends, receives) over the agreed rounds; ``spans``: the tensor
+    that is the whole send (receive) buffer, or None."""
     send_span, recv_span = spans
     routed = _messages(streams, *quotas, rounds, send_span, recv_span)
-    send_need = max(sum(align(m.hi - m.lo) for m, b in sent if b is None) for sent, _ in routed)
-    recv_need = max(sum(align(m.hi - m.lo) for m, b in got if b is None) for _, got in routed)
+    send_need = max(_packed_end([m for m, b in sent if b is None]) for sent, _ in routed)
+    recv_need = max(_packed_end([m for m, b in got if b is None]) for _, got in routed)
     held: list[torch.Tensor] | None = [] if budget is not None else None
     scratch = send_scratch(jobs, rank, send_need) if send_span is None else None
     if scratch is not None:
@@ -137,6 +137,22 @@ def exchange_messages(
         copy_local(jobs, rank)
     if held:
         keep(held)
+
+
+def _packed_at(pos: int, m: Message[Job]) -> int:
+    """Where message ``m`` goes in a scratch whose previous message ends at ``pos``: the first
+    place from there at the offset modulo 16 that it has in the all-to-all's buffer, so every
+    cut keeps that buffer's alignment to its element size. Each message then starts at or
+    before its place there, so a round's scratch is never larger than that buffer (within the
+    budget, RESHARD-6)."""
+    return pos + (m.lo - pos) % WINDOW
+
+
+def _packed_end(messages: list[Message[Job]]) -> int:
+    pos = 0
+    for m in messages:
+        pos = _packed_at(pos, m) + m.hi - m.lo
+    return pos
 
 
 def _op(
@@ -184,18 +200,20 @@ def _message_round(
     pos = 0
     for m, data in got:
         if data is None:
+            pos = _packed_at(pos, m)
             ops.append(_op(dist.irecv, m, recv_buf[pos : pos + m.hi - m.lo], group))
             later.append((m, pos))
-            pos += align(m.hi - m.lo)
+            pos += m.hi - m.lo
     works = list(dist.batch_isend_irecv(ops)) if ops else []
     pos = 0
     for m, data in sent:
         if data is None:
+            pos = _packed_at(pos, m)
             for e, e0, e1, at in m.cuts:
                 copy_range(e, e0, e1, send_buf, pos + at - m.lo, pack=True)
             chunk = send_buf[pos : pos + m.hi - m.lo]
             works += dist.batch_isend_irecv([_op(dist.isend, m, chunk, group)])
-            pos += align(m.hi - m.lo)
+            pos += m.hi - m.lo
     ahead = _post_direct(following, group) if following is not None else []
     for work in (*direct, *works):
         work.wait()

@@ -32,16 +32,19 @@ def _module(path: Path) -> ModuleType:
 
 
 def _marks_in(module: ModuleType) -> list[Any]:
-    """The known_defect marks of a test module's functions, those of its parameters too."""
-    found = []
+    """The known_defect marks of a test module's functions, those of its parameters too; a
+    mark written once and put on several tests (a module's shared mark) counts once."""
+    found: dict[int, Any] = {}
     for fn in vars(module).values():
         for mark in getattr(fn, "pytestmark", []) if callable(fn) else []:
             if mark.name == "known_defect":
-                found.append(mark)
+                found[id(mark)] = mark
             if mark.name == "parametrize":
                 for param in mark.args[1]:
-                    found += [m for m in getattr(param, "marks", ()) if m.name == "known_defect"]
-    return found
+                    for m in getattr(param, "marks", ()):
+                        if m.name == "known_defect":
+                            found[id(m)] = m
+    return list(found.values())
 
 
 def _written(path: Path) -> int:

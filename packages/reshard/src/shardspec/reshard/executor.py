@@ -72,7 +72,7 @@ from .agreement import (
     next_call,
     replica_digests,
 )
-from .buffers import keep, release_buffers, take_kept
+from .buffers import keep, kept_buffer, release_buffers
 from .checks import check_device, check_tensors, find_overlap, has_internal_overlap
 from .errors import ReshardError
 from .messages import exchange_messages, point_to_point
@@ -471,17 +471,8 @@ def _wire_buffer(
     pieces already lie in it in wire order (no copy; counted in DIRECT_COUNTS[side]).
     ``held``: take the buffer from those kept since an earlier call (:mod:`.buffers`) and
     append it there, to be kept again after this one."""
-    import torch
-
     if span is None:
-        size = buffer_bytes(quota, lengths)
-        if held is None:
-            return torch.empty(size, dtype=torch.uint8, device=dev)
-        if size == 0:
-            return torch.empty(0, dtype=torch.uint8, device=dev)
-        buf = take_kept(size, dev)
-        held.append(buf)
-        return buf[:size]
+        return kept_buffer(buffer_bytes(quota, lengths), dev, held)
     buf = flat_bytes(span)
     assert buf.numel() == sum(lengths)
     DIRECT_COUNTS[side] += 1

@@ -20,6 +20,7 @@ from .pieces import (
     flat_bytes,
     holder,
     rel,
+    run_bytes,
     send_scratch,
 )
 from .schedule import WINDOW, Message, Streams, peers_of, round_messages, windows
@@ -226,17 +227,14 @@ def _message_round(
 def _direct(m: Message[Job], *, sending: bool) -> torch.Tensor | None:
     """The bytes of the message's one cut in its tensor, when they lie there contiguously."""
     ((e, e0, e1, _),) = m.cuts
-    job, p = e.job, e.piece
-    tensor, outer = holder(e, sending)
-    whole = tensor[rel(p, outer, ((0,) * len(p.sizes), p.sizes))]
-    if whole.is_contiguous():
-        # any run of a contiguous piece's elements is contiguous (a round's window may cut it)
-        data = bytes_of(whole)[e0 * job.itemsize : e1 * job.itemsize]
-    else:
-        blocks = flat_blocks(p.sizes, e0, e1)
+    data = run_bytes(e, e0, e1, sending)  # a round's window may cut the piece: still a run
+    if data is None:
+        # a tensor held otherwise may still hold this cut as one contiguous block
+        blocks = flat_blocks(e.piece.sizes, e0, e1)
         if len(blocks) != 1:
             return None
-        view = tensor[rel(p, outer, blocks[0])]
+        tensor, outer = holder(e, sending)
+        view = tensor[rel(e.piece, outer, blocks[0])]
         if not view.is_contiguous():
             return None
         data = bytes_of(view)

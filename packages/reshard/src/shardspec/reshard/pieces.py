@@ -34,6 +34,7 @@ __all__ = [
     "flat_bytes",
     "holder",
     "rel",
+    "run_bytes",
     "send_scratch",
     "span_of",
 ]
@@ -91,19 +92,12 @@ def span_of(streams: list[list[Entry[Job]]], sending: bool) -> Span | None:
     """The tensor and byte range that holds every stream back to back, in order, or None
     (see :func:`shardspec.reshard.schedule.contiguous_span`): the inputs when ``sending``, else the
     outputs."""
-    return contiguous_span(streams, _held_input if sending else _held_output)
 
+    def held(e: Entry[Job]) -> tuple[torch.Tensor, Sequence[int], Sequence[int]] | None:
+        t, outer = holder(e, sending)
+        return (t, t.shape, outer) if t.is_contiguous() else None
 
-def _held_input(e: Entry[Job]) -> tuple[torch.Tensor, Sequence[int], Sequence[int]] | None:
-    job, p = e.job, e.piece
-    t = job.inputs[p.src_local]
-    return (t, t.shape, job.src.shards[p.src_shard].box.offsets) if t.is_contiguous() else None
-
-
-def _held_output(e: Entry[Job]) -> tuple[torch.Tensor, Sequence[int], Sequence[int]] | None:
-    job, p = e.job, e.piece
-    t = job.outputs[p.dst_local]
-    return (t, t.shape, job.dst.shards[p.dst_shard].box.offsets) if t.is_contiguous() else None
+    return contiguous_span(streams, held)
 
 
 def bytes_of(t: torch.Tensor) -> torch.Tensor:
@@ -155,23 +149,35 @@ def holder(e: Entry[Job], sending: bool) -> tuple[torch.Tensor, tuple[int, ...]]
     return job.outputs[p.dst_local], job.dst.shards[p.dst_shard].box.offsets
 
 
+def run_bytes(e: Entry[Job], e0: int, e1: int, sending: bool) -> torch.Tensor | None:
+    """The bytes of elements ``[e0, e1)`` of the entry's piece in the tensor that holds it
+    (:func:`holder`), when the piece is one run of that contiguous tensor's bytes (so is any
+    run of its elements); else None."""
+    job, p = e.job, e.piece
+    tensor, outer = holder(e, sending)
+    if not tensor.is_contiguous():
+        return None
+    span = piece_bytes(tensor.shape, outer, p, job.itemsize)
+    if span is None:
+        return None
+    return bytes_of(tensor)[span[0] + e0 * job.itemsize : span[0] + e1 * job.itemsize]
+
+
 def copy_range(e: Entry[Job], e0: int, e1: int, buf: torch.Tensor, pos: int, *, pack: bool) -> None:
     import torch
 
     job, p = e.job, e.piece
     assert job.dtype is not None
-    tensor, outer = holder(e, pack)
-    span = piece_bytes(tensor.shape, outer, p, job.itemsize) if tensor.is_contiguous() else None
-    if span is not None:
-        # The piece is one run of its tensor's bytes (so is any run of its elements): one
-        # byte copy, whatever the alignment; most pieces of a state dict of small tensors.
-        mine = bytes_of(tensor)[span[0] + e0 * job.itemsize : span[0] + e1 * job.itemsize]
+    mine = run_bytes(e, e0, e1, pack)
+    if mine is not None:
+        # one byte copy, whatever the alignment: most pieces of a state dict of small tensors
         raw = buf[pos : pos + mine.numel()]
         if pack:
             raw.copy_(mine)
         else:
             mine.copy_(raw)
         return
+    tensor, outer = holder(e, pack)
     for block in flat_blocks(p.sizes, e0, e1):
         n = math.prod(block[1]) * job.itemsize
         view = tensor[rel(p, outer, block)]

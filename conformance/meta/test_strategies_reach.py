@@ -34,7 +34,13 @@ from conformance.strategies.grids import (
 )
 from conformance.strategies.json import FAULTS, malformed_layout_json
 from conformance.strategies.refit import refit_cases
-from conformance.strategies.streams import flatten_cases, reshard_cases, state_dict_cases
+from conformance.strategies.streams import (
+    RUN_LENGTHS,
+    flatten_cases,
+    reshard_cases,
+    run_length_cases,
+    state_dict_cases,
+)
 from shardspec.metadata import Layout
 
 # Found, not shrunk: shrinking a 300-shard layout costs minutes and proves nothing more.
@@ -167,6 +173,53 @@ def test_malformed_json_reaches_every_fault(fault: str) -> None:
 
 def _sizes(c: dict[str, Any]) -> set[int]:
     return {e["tensor"].element_size() for e in c["entries"]}
+
+
+def _moved_whole(c: dict[str, Any]) -> set[int]:
+    """The lengths of the 1-D tensors that go whole from one rank to another."""
+    out = set()
+    for e in c["entries"]:
+        src, dst = e["src"].shards, e["dst"].shards
+        if e["tensor"].dim() == 1 and len(src) == len(dst) == 1 and src[0].rank != dst[0].rank:
+            out.add(e["tensor"].numel())
+    return out
+
+
+@settings(max_examples=30, database=None)
+@given(run_length_cases())
+def test_run_length_cases_move_every_length_whole_between_two_ranks(c: dict[str, Any]) -> None:
+    assert set(range(1, RUN_LENGTHS + 1)) <= _moved_whole(c)
+
+
+def test_run_length_cases_reach_the_direct_threshold_and_strided_runs() -> None:
+    from shardspec.reshard.schedule import DIRECT_BYTES
+
+    strat = run_length_cases()
+
+    def at_threshold(c: dict[str, Any]) -> bool:
+        sizes = {
+            (e["tensor"].numel() * e["tensor"].element_size(), e["tensor"].element_size())
+            for e in c["entries"]
+            if e["tensor"].numel() in _moved_whole(c)
+        }
+        return any(
+            {(DIRECT_BYTES - item, item), (DIRECT_BYTES, item), (DIRECT_BYTES + item, item)}
+            <= sizes
+            for item in (1, 2, 4, 8)
+        )
+
+    reaches(strat, at_threshold, "pieces one element either side of DIRECT_BYTES")
+    reaches(
+        strat,
+        lambda c: any(
+            e["tensor"].dim() == 2
+            and e["tensor"].shape[0] > 1
+            and any(s.box.sizes[1] < e["tensor"].shape[1] for s in e["src"].shards)
+            for e in c["entries"]
+        ),
+        "a 2-D tensor cut by columns (strided runs)",
+    )
+    reaches(strat, lambda c: c["budget"] == 96, "a budget that cuts runs into windows")
 
 
 def test_state_dicts_mix_element_sizes_into_non_contiguous_outs() -> None:

@@ -6,15 +6,24 @@ contiguous at a storage offset, strided, or transposed.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 from hypothesis import strategies as st
 
 from conformance.strategies import dtypes, shapes, tensors, valid_layouts, with_replicas
 from conformance.strategies.scale import largest_first, scale_shapes
-from shardspec.metadata import Layout, chunk_layout
+from shardspec.metadata import Box, Layout, Shard, chunk_layout
 
-__all__ = ["OUT_KINDS", "flatten_cases", "layouts_on", "reshard_cases", "state_dict_cases"]
+__all__ = [
+    "OUT_KINDS",
+    "RUN_LENGTHS",
+    "flatten_cases",
+    "layouts_on",
+    "reshard_cases",
+    "run_length_cases",
+    "state_dict_cases",
+]
 
 # How an out= tensor sits in its buffer: "contiguous" (a buffer of its own), "offset" (a
 # contiguous view at a storage offset), "strided" (every other element, at a storage offset),
@@ -121,6 +130,86 @@ def state_dict_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
             }
         )
     budget = draw(st.sampled_from([None, 16, 48, 4096]), label="budget")
+    return {"world": world, "entries": entries, "budget": budget}
+
+
+# Every run of 1 to RUN_LENGTHS elements travels between two ranks in every example: a fast
+# path keyed on a length (a vector width, an alignment, a threshold) meets its own case each
+# time, not only when a draw happens to cut that length.
+RUN_LENGTHS = 40
+
+
+@st.composite
+def _cut_layout(draw: st.DrawFn, shape: tuple[int, ...], world: int) -> Layout:
+    """A layout drawn in a few choices (a state dict of dozens of tensors stays cheap to
+    draw): whole on one rank, chunked on a dim in a drawn rank order, or cut on a dim at
+    drawn points, the parts on drawn ranks (several on one rank, in drawn order)."""
+    kind = draw(st.integers(0, 2))
+    if kind == 0:
+        rank = draw(st.integers(0, world - 1))
+        return Layout(shape, [Shard(Box((0,) * len(shape), shape), rank)])
+    dim = draw(st.integers(0, len(shape) - 1))
+    if kind == 1:
+        return chunk_layout(shape, dim, draw(st.permutations(range(world))))
+    n = shape[dim]
+    cuts = sorted(set(draw(st.lists(st.integers(1, max(1, n - 1)), max_size=3)))) if n > 1 else []
+    bounds = [0, *cuts, n]
+    shards = []
+    for a, b in pairwise(bounds):
+        offsets = [0] * len(shape)
+        sizes = list(shape)
+        offsets[dim], sizes[dim] = a, b - a
+        shards.append(Shard(Box(offsets, sizes), draw(st.integers(0, world - 1))))
+    return Layout(shape, draw(st.permutations(shards)))
+
+
+@st.composite
+def run_length_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
+    """:func:`state_dict_cases`' dict whose pieces have every run length: a 1-D tensor of each
+    length from 1 to ``RUN_LENGTHS`` moved whole from one rank to another (so each length is
+    packed, or sent, and received whole); 2-D tensors with rows of those lengths between two
+    drawn layouts (cut by columns their pieces are strided runs); and, without a tight budget,
+    tensors of ``DIRECT_BYTES`` less one element, exactly, and one element more, moved whole
+    (the size from which a piece travels from the tensor that holds it instead of being
+    packed: shardspec.reshard.schedule.DIRECT_BYTES). Dtypes, out= kinds and budgets (which
+    cut the runs into windows) are drawn."""
+    import torch
+
+    from shardspec.reshard.schedule import DIRECT_BYTES
+
+    world = draw(st.integers(2, max_world), label="world")
+    budget = draw(st.sampled_from([None, 96, 1000, 1 << 20]), label="budget")
+    with_out = draw(st.booleans(), label="out")
+    entries: list[dict[str, Any]] = []
+
+    def add(shape: tuple[int, ...], src: Layout, dst: Layout, dt: torch.dtype) -> None:
+        entries.append(
+            {
+                "key": f"t{len(entries)}.{str(dt).removeprefix('torch.')}",
+                "src": src,
+                "dst": dst,
+                "tensor": draw(tensors(shape, st.just(dt))),
+                "out": draw(st.sampled_from(OUT_KINDS)) if with_out else None,
+                "pad": draw(st.integers(1, 3)),
+            }
+        )
+
+    def moved_whole(n: int, dt: torch.dtype) -> None:
+        shape = (n,)
+        whole = Box((0,), shape)
+        a, b = draw(st.permutations(range(world)))[:2]
+        add(shape, Layout(shape, [Shard(whole, a)]), Layout(shape, [Shard(whole, b)]), dt)
+
+    for n in range(1, RUN_LENGTHS + 1):
+        moved_whole(n, draw(dtypes()))
+    for n in range(1, RUN_LENGTHS + 1, 3):
+        shape = (draw(st.integers(1, 4)), n)
+        add(shape, draw(_cut_layout(shape, world)), draw(_cut_layout(shape, world)), draw(dtypes()))
+    if budget is None or budget >= 1 << 20:
+        dt = draw(dtypes(), label="direct dtype")
+        item = torch.empty((), dtype=dt).element_size()
+        for extra in (-1, 0, 1):
+            moved_whole(DIRECT_BYTES // item + extra, dt)
     return {"world": world, "entries": entries, "budget": budget}
 
 

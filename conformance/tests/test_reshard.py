@@ -19,7 +19,12 @@ from conformance.assertions import (
 )
 from conformance.cases import case
 from conformance.impls import Impl
-from conformance.strategies.streams import large_reshard_cases, reshard_cases, state_dict_cases
+from conformance.strategies.streams import (
+    large_reshard_cases,
+    reshard_cases,
+    run_length_cases,
+    state_dict_cases,
+)
 from shardspec.metadata import chunk_layout
 from shardspec.testing import RankCrash
 
@@ -104,6 +109,23 @@ def test_mixed_dtype_state_dict_unpacks_into_strided_out_tensors(
     """Several dtypes share each rank pair's stream; every rank's outputs, written into the
     out= views it gave (at storage offsets, strided, transposed), equal the reference, and
     nothing around the views is touched."""
+    _check_state_dict(impl, pools, c)
+
+
+@pytest.mark.rule("RESHARD-1", "RESHARD-6")
+@pytest.mark.pool
+@given(run_length_cases())
+def test_every_run_length_moves_in_one_state_dict(
+    impl: Impl, pools: Any, c: dict[str, Any]
+) -> None:
+    """One state dict holding pieces of every run length from one element up (contiguous and
+    strided, every dtype, cut by drawn budgets), and pieces one element either side of the
+    size at which gloo ranks send a piece from its tensor: every rank's outputs equal the
+    reference, so a fast path wrong for one length only is caught in any example."""
+    _check_state_dict(impl, pools, c)
+
+
+def _check_state_dict(impl: Impl, pools: Any, c: dict[str, Any]) -> None:
     entries = c["entries"]
     ex = (
         f"reshard_state_dict(world={c['world']}, max_buffer_bytes={c['budget']}, "

@@ -327,6 +327,19 @@ class ShardspecImpl(Impl):
     def reshard_state_dict(
         self, pool: Any, entries: list[dict[str, Any]], budget: int | None, example: str
     ) -> list[Any]:
+        return self.reshard_state_dict_on(pool, list(range(pool.world_size)), entries, budget,
+                                          example, whole=True)  # fmt: skip
+
+    def reshard_state_dict_on(
+        self,
+        pool: Any,
+        members: list[int],
+        entries: list[dict[str, Any]],
+        budget: int | None,
+        example: str,
+        *,
+        whole: bool = False,
+    ) -> list[Any]:
         from conformance.codec import layout_to_json
 
         wire = [
@@ -341,10 +354,17 @@ class ShardspecImpl(Impl):
             for e in entries
         ]
         inputs = [
-            [e["tensor"][b.slices()].contiguous() for e in entries for b in e["src"].boxes_of(r)]
+            [
+                e["tensor"][b.slices()].contiguous()
+                for e in entries
+                for b in e["src"].boxes_of(members.index(r))
+            ]
+            if r in members
+            else []
             for r in range(pool.world_size)
         ]
-        args = {"entries": wire, "budget": budget}
+        # the whole pool: the default group, as a user passes none
+        args = {"entries": wire, "budget": budget, "members": None if whole else list(members)}
         return list(pool.run("reshard.state_dict", args, per_rank_tensors=inputs, example=example))
 
     def reshard_checked(

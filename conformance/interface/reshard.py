@@ -45,6 +45,20 @@ class Reshard(Adapter):
         returned (``same``) and whether anything outside them was written (``spilled``)."""
         raise self.unsupported("resharding a state dict of several dtypes")
 
+    def reshard_state_dict_on(
+        self,
+        pool: Any,
+        members: list[int],
+        entries: list[dict[str, Any]],
+        budget: int | None,
+        example: str,
+    ) -> list[Any]:
+        """:meth:`reshard_state_dict` on the process group of ``members`` (pool ranks,
+        ascending) alone: the layouts' ranks are ranks of that group (``members[i]`` is its
+        rank ``i``); the pool's other ranks take no part. A RankResult per pool rank, a
+        non-member's with no tensors."""
+        raise self.unsupported("resharding on a subgroup of the ranks")
+
     def reshard_checked(
         self,
         pool: Any,

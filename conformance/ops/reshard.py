@@ -96,8 +96,31 @@ def _spilled(t: torch.Tensor) -> bool:
     return bool((flat[~inside] != 1).any())
 
 
+def _group_rank(ctx: Context, args: dict[str, Any]) -> int | None:
+    """This rank's rank in the call's group: the pool's, or its place among ``members``
+    (world ranks, ascending: new_group orders them so); None outside the group."""
+    members = args.get("members")
+    if members is None:
+        return ctx.rank
+    return members.index(ctx.rank) if ctx.rank in members else None
+
+
+def _subgroup(ctx: Context, members: list[int]) -> Any:
+    """The process group of ``members``, made once a pool (every rank makes every group, in
+    the same order: creating one is collective over the world)."""
+    import torch.distributed as dist
+
+    key = ("subgroup", tuple(members))
+    if key not in ctx.cache:
+        ctx.cache[key] = dist.new_group(list(members))
+    return ctx.cache[key]
+
+
 def _state_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
-    need = sum(len(layout_from_json(e["src"]).boxes_of(ctx.rank)) for e in args["entries"])
+    me = _group_rank(ctx, args)
+    need = 0
+    if me is not None:
+        need = sum(len(layout_from_json(e["src"]).boxes_of(me)) for e in args["entries"])
     if len(ts) != need:
         raise ValueError(f"rank {ctx.rank} got {len(ts)} tensors for {need} source boxes")
 
@@ -107,10 +130,18 @@ def _reshard_state_dict(
     ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
 ) -> tuple[Any, list[torch.Tensor]]:
     """``shardspec.reshard.reshard_state_dict`` over every entry at once, into out= views
-    when the entries name a kind. Returns, per entry, whether the returned tensors are the
-    out= tensors given and whether anything outside them was written, and the outputs."""
+    when the entries name a kind; with ``members``, on the subgroup of those world ranks
+    (layout ranks are group ranks; the other ranks take no part and return nothing). Returns,
+    per entry, whether the returned tensors are the out= tensors given and whether anything
+    outside them was written, and the outputs."""
     from shardspec.reshard import reshard_state_dict
 
+    group = None
+    if args.get("members") is not None:
+        group = _subgroup(ctx, args["members"])
+    me = _group_rank(ctx, args)
+    if me is None:
+        return {"same": {}, "spilled": {}}, []
     state: dict[str, list[torch.Tensor]] = {}
     src, dst, dtypes = {}, {}, {}
     out: dict[str, list[torch.Tensor]] | None = None
@@ -119,17 +150,17 @@ def _reshard_state_dict(
         key = e["key"]
         src[key], dst[key] = layout_from_json(e["src"]), layout_from_json(e["dst"])
         dtypes[key] = getattr(torch, e["dtype"])
-        k = len(src[key].boxes_of(ctx.rank))
+        k = len(src[key].boxes_of(me))
         state[key] = ts[pos : pos + k]
         pos += k
         if e["out"] is not None:
             out = out if out is not None else {}
             out[key] = [
                 _out_view(e["out"], b.sizes, dtypes[key], e["pad"], ctx.device)
-                for b in dst[key].boxes_of(ctx.rank)
+                for b in dst[key].boxes_of(me)
             ]
     # A rank with no source shard and no out= tensor of a key learns its dtype from the others.
-    result = reshard_state_dict(state, src, dst, max_buffer_bytes=args["budget"], out=out)
+    result = reshard_state_dict(state, src, dst, group, max_buffer_bytes=args["budget"], out=out)
     facts: dict[str, Any] = {"same": {}, "spilled": {}}
     outs: list[torch.Tensor] = []
     for e in args["entries"]:

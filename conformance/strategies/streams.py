@@ -23,6 +23,7 @@ __all__ = [
     "reshard_cases",
     "run_length_cases",
     "state_dict_cases",
+    "subgroup_cases",
 ]
 
 # How an out= tensor sits in its buffer: "contiguous" (a buffer of its own), "offset" (a
@@ -108,12 +109,16 @@ def large_reshard_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
 
 
 @st.composite
-def state_dict_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
+def state_dict_cases(
+    draw: st.DrawFn, max_world: int = 4, world: int | None = None
+) -> dict[str, Any]:
     """``{"world", "entries": [{"key", "src", "dst", "tensor", "out", "pad"}], "budget"}``:
     2 to 4 tensors of distinct dtypes (bool, int8 and uint8 beside 8-byte types), each with
     its own layouts; ``out`` is None for every entry (the executor allocates) or an OUT_KINDS
-    kind per entry, ``pad`` the storage offset of its view."""
-    world = draw(st.integers(1, max_world), label="world")
+    kind per entry, ``pad`` the storage offset of its view. ``world``: that many ranks, not
+    drawn."""
+    if world is None:
+        world = draw(st.integers(1, max_world), label="world")
     kinds = draw(st.lists(dtypes(), min_size=2, max_size=4, unique=True), label="dtypes")
     with_out = draw(st.booleans(), label="out")
     entries = []
@@ -214,6 +219,18 @@ def run_length_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
         for extra in (-1, 0, 1):
             moved_whole(DIRECT_BYTES // item + extra, dt)
     return {"world": world, "entries": entries, "budget": budget}
+
+
+@st.composite
+def subgroup_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
+    """:func:`state_dict_cases`' dict on the group of ``members``: 1 to ``pool`` - 1 ranks
+    of a pool of 2 to ``max_world`` (ascending, as new_group orders them; any of them, so
+    group rank i is seldom pool rank i), the layouts over the group's ranks."""
+    pool = draw(st.integers(2, max_world), label="pool")
+    size = draw(st.integers(1, pool - 1), label="group size")
+    members = sorted(draw(st.permutations(range(pool)))[:size])
+    c = draw(state_dict_cases(world=size))
+    return {**c, "pool": pool, "members": members}
 
 
 @st.composite

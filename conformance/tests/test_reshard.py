@@ -24,6 +24,7 @@ from conformance.strategies.streams import (
     reshard_cases,
     run_length_cases,
     state_dict_cases,
+    subgroup_cases,
 )
 from shardspec.metadata import chunk_layout
 from shardspec.testing import RankCrash
@@ -125,10 +126,23 @@ def test_every_run_length_moves_in_one_state_dict(
     _check_state_dict(impl, pools, c)
 
 
+@pytest.mark.rule("RESHARD-1", "RESHARD-10")
+@pytest.mark.pool
+@given(subgroup_cases())
+def test_a_state_dict_reshards_among_a_subgroup_of_the_ranks(
+    impl: Impl, pools: Any, c: dict[str, Any]
+) -> None:
+    """On the process group of some of the pool's ranks, whose rank i is the i-th member
+    (not pool rank i): each member's outputs equal the reference at its group rank's boxes,
+    and the other ranks, which take no part, get nothing."""
+    _check_state_dict(impl, pools, c)
+
+
 def _check_state_dict(impl: Impl, pools: Any, c: dict[str, Any]) -> None:
-    entries = c["entries"]
+    entries, members = c["entries"], c.get("members")
+    on = "" if members is None else f"on the group of pool ranks {members} of {c['pool']}, "
     ex = (
-        f"reshard_state_dict(world={c['world']}, max_buffer_bytes={c['budget']}, "
+        f"reshard_state_dict({on}world={c['world']}, max_buffer_bytes={c['budget']}, "
         + ", ".join(
             f"{e['key']}: {describe_layout(e['src'])} -> {describe_layout(e['dst'])} "
             f"out={e['out']} pad={e['pad']}"
@@ -137,9 +151,18 @@ def _check_state_dict(impl: Impl, pools: Any, c: dict[str, Any]) -> None:
         + ")"
     )
     with case():
-        results = impl.reshard_state_dict(pools(c["world"]), entries, c["budget"], ex)
+        if members is None:
+            results = impl.reshard_state_dict(pools(c["world"]), entries, c["budget"], ex)
+        else:
+            results = impl.reshard_state_dict_on(
+                pools(c["pool"]), members, entries, c["budget"], ex
+            )
         for r in results:
-            want = [(e, box) for e in entries for box in e["dst"].boxes_of(r.rank)]
+            if members is not None and r.rank not in members:
+                assert_equal(f"rank{r.rank} (not in the group).len(out)", len(r.tensors), 0, ex)
+                continue
+            me = r.rank if members is None else members.index(r.rank)
+            want = [(e, box) for e in entries for box in e["dst"].boxes_of(me)]
             assert_equal(f"rank{r.rank}.len(out)", len(r.tensors), len(want), ex)
             for k, ((e, box), got) in enumerate(zip(want, r.tensors)):
                 t = e["tensor"]

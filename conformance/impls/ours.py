@@ -435,6 +435,21 @@ class ShardspecImpl(Impl):
 
         return run_refit(pool, "refit.shardspec", recipe, rounds, src, dst, example)
 
+    def refit_on(
+        self,
+        pool: Any,
+        members: list[int],
+        recipe: Any,
+        rounds: list[dict[str, Any]],
+        src: dict[str, Layout],
+        dst: dict[str, Layout],
+        *,
+        example: str,
+    ) -> list[list[dict[str, list[Any]]]]:
+        from conformance.impls.refit_wire import run_refit
+
+        return run_refit(pool, "refit.shardspec", recipe, rounds, src, dst, example, members)
+
     def packed_layout(
         self,
         shape: tuple[int, ...],

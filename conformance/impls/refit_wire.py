@@ -35,11 +35,20 @@ def out_layouts(recipe: Any, dst: dict[str, Layout]) -> dict[str, Layout]:
     return layouts
 
 
+def group_rank(rank: int, members: list[int] | None) -> int | None:
+    """A pool rank's rank in the group of ``members`` (all the pool when None); None
+    outside it."""
+    if members is None:
+        return rank
+    return members.index(rank) if rank in members else None
+
+
 def wire(
     pool: Any, recipe: Any, rounds: list[dict[str, Any]], src: dict[str, Layout],
-    dst: dict[str, Layout],
+    dst: dict[str, Layout], members: list[int] | None = None,
 ) -> tuple[dict[str, Any], list[list[Any]]]:  # fmt: skip
-    """The rank operations' arguments and each rank's source boxes, round after round."""
+    """The rank operations' arguments and each rank's source boxes, round after round; with
+    ``members``, on the group of those pool ranks (the others get nothing)."""
     from conformance.codec import layout_to_json
     from shardspec.refit import recipe_to_data
 
@@ -59,11 +68,15 @@ def wire(
         "outs": outs,
         "rounds": len(rounds),
     }
-    inputs = [
-        [full[n][b.slices()].contiguous() for full in rounds for n in names
-         for b in src[n].boxes_of(r)]
-        for r in range(pool.world_size)
-    ]  # fmt: skip
+    if members is not None:
+        args["members"] = list(members)
+    inputs = []
+    for r in range(pool.world_size):
+        g = group_rank(r, members)
+        inputs.append([] if g is None else [
+            full[n][b.slices()].contiguous() for full in rounds for n in names
+            for b in src[n].boxes_of(g)
+        ])  # fmt: skip
     return args, inputs
 
 
@@ -75,9 +88,11 @@ def run_refit(
     src: dict[str, Layout],
     dst: dict[str, Layout],
     example: str,
+    members: list[int] | None = None,
 ) -> list[list[dict[str, list[Any]]]]:
-    """Run ``op`` on every rank; per rank, per round, its destination boxes by name."""
-    args, inputs = wire(pool, recipe, rounds, src, dst)
+    """Run ``op`` on every rank (on the group of ``members`` when given); per pool rank, per
+    round, its destination boxes by name."""
+    args, inputs = wire(pool, recipe, rounds, src, dst, members)
     outs = args["outs"]
     layouts = out_layouts(recipe, dst)
     answers = []
@@ -86,8 +101,9 @@ def run_refit(
         per_round = []
         for _ in rounds:
             got = {}
+            g = group_rank(res.rank, members)
             for n, _dtype in outs:
-                boxes = layouts[n].boxes_of(res.rank)
+                boxes = layouts[n].boxes_of(g) if g is not None else ()
                 if boxes:
                     got[n] = [next(it) for _ in boxes]
             per_round.append(got)

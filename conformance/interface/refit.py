@@ -38,6 +38,23 @@ class Refit(Adapter):
         a name leaves it out), one tensor per box in local order."""
         raise self.unsupported("refit")
 
+    def refit_on(
+        self,
+        pool: Any,
+        members: list[int],
+        recipe: Any,
+        rounds: list[dict[str, Any]],
+        src: dict[str, Layout],
+        dst: dict[str, Layout],
+        *,
+        example: str,
+    ) -> list[list[dict[str, list[Any]]]]:
+        """:meth:`refit` on the process group of ``members`` (pool ranks, ascending) alone:
+        the layouts' ranks are ranks of that group (``members[i]`` is its rank ``i``); the
+        pool's other ranks take no part. Per pool rank, per round, what it holds by name (a
+        non-member nothing)."""
+        raise self.unsupported("refit on a subgroup of the ranks")
+
     def refit_refused(
         self,
         pool: Any,

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from conformance.codec import layout_from_json
+from conformance.ops.shared import group_rank, subgroup
 from shardspec.metadata import Layout
 from shardspec.testing.ops import Context, operation
 
@@ -39,11 +40,12 @@ def _out_layouts(recipe: Any, dst: dict[str, Layout]) -> dict[str, Layout]:
 def _rounds(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> list[dict[str, list]]:
     """This rank's source boxes of each round, by name."""
     src = _layouts(args, "src")
+    me = group_rank(ctx, args)
     out, pos = [], 0
     for _ in range(args["rounds"]):
         state = {}
         for n in args["sources"]:
-            k = len(src[n].boxes_of(ctx.rank))
+            k = len(src[n].boxes_of(me)) if me is not None else 0
             if k:
                 state[n] = ts[pos : pos + k]
             pos += k
@@ -52,8 +54,10 @@ def _rounds(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> list[
 
 
 def _check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
-    src = _layouts(args, "src")
-    need = args["rounds"] * sum(len(src[n].boxes_of(ctx.rank)) for n in args["sources"])
+    src, me = _layouts(args, "src"), group_rank(ctx, args)
+    need = 0
+    if me is not None:
+        need = args["rounds"] * sum(len(src[n].boxes_of(me)) for n in args["sources"])
     if len(ts) != need:
         raise ValueError(f"rank {ctx.rank} got {len(ts)} tensors for {need} source boxes")
 
@@ -67,15 +71,20 @@ def _refit_shardspec(
     ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
 ) -> tuple[Any, list[torch.Tensor]]:
     """``shardspec.refit.refit`` once per round into the same out tensors, the source
-    tensors changed in place between rounds (as a training step changes them)."""
+    tensors changed in place between rounds (as a training step changes them); with
+    ``members``, on the group of those ranks (the others take no part)."""
     from shardspec.refit import recipe_from_data, refit
 
+    group = ctx.group if args.get("members") is None else subgroup(ctx, args["members"])
+    me = group_rank(ctx, args)
+    if me is None:
+        return None, []
     recipe = recipe_from_data(args["recipe"])
     src, dst = _layouts(args, "src"), _layouts(args, "dst")
     layouts = _out_layouts(recipe, dst)
     out = {
         n: [torch.zeros(b.sizes, dtype=getattr(torch, d), device=ctx.device)
-            for b in layouts[n].boxes_of(ctx.rank)]
+            for b in layouts[n].boxes_of(me)]
         for n, d in args["outs"]
     }  # fmt: skip
     out = {n: v for n, v in out.items() if v}
@@ -88,7 +97,7 @@ def _refit_shardspec(
             for n, v in state.items():
                 for a, b in zip(v, given[n]):
                     a.copy_(b)
-        res = refit(recipe, state, src, dst, ctx.group, out=out)
+        res = refit(recipe, state, src, dst, group, out=out)
         for n, ptrs in where.items():
             # REFIT-14: into the caller's tensors themselves (engines capture their storage
             # in CUDA graphs), never a copy handed back

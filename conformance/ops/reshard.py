@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from conformance.codec import layout_from_json
-from conformance.ops.shared import placement
+from conformance.ops.shared import group_rank, placement, subgroup
 from shardspec.testing.ops import Context, operation
 
 __all__: list[str] = []
@@ -96,28 +96,8 @@ def _spilled(t: torch.Tensor) -> bool:
     return bool((flat[~inside] != 1).any())
 
 
-def _group_rank(ctx: Context, args: dict[str, Any]) -> int | None:
-    """This rank's rank in the call's group: the pool's, or its place among ``members``
-    (world ranks, ascending: new_group orders them so); None outside the group."""
-    members = args.get("members")
-    if members is None:
-        return ctx.rank
-    return members.index(ctx.rank) if ctx.rank in members else None
-
-
-def _subgroup(ctx: Context, members: list[int]) -> Any:
-    """The process group of ``members``, made once a pool (every rank makes every group, in
-    the same order: creating one is collective over the world)."""
-    import torch.distributed as dist
-
-    key = ("subgroup", tuple(members))
-    if key not in ctx.cache:
-        ctx.cache[key] = dist.new_group(list(members))
-    return ctx.cache[key]
-
-
 def _state_check(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
-    me = _group_rank(ctx, args)
+    me = group_rank(ctx, args)
     need = 0
     if me is not None:
         need = sum(len(layout_from_json(e["src"]).boxes_of(me)) for e in args["entries"])
@@ -138,8 +118,8 @@ def _reshard_state_dict(
 
     group = None
     if args.get("members") is not None:
-        group = _subgroup(ctx, args["members"])
-    me = _group_rank(ctx, args)
+        group = subgroup(ctx, args["members"])
+    me = group_rank(ctx, args)
     if me is None:
         return {"same": {}, "spilled": {}}, []
     state: dict[str, list[torch.Tensor]] = {}

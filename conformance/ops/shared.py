@@ -18,14 +18,36 @@ __all__ = [
     "dtensor_check",
     "dtensor_mesh",
     "from_wire",
+    "group_rank",
     "layout_check",
     "mesh_check",
     "on_listed_rank",
     "placement",
     "sharded_tensor_of",
+    "subgroup",
     "to_wire",
     "via_of",
 ]
+
+
+def group_rank(ctx: Context, args: dict[str, Any]) -> int | None:
+    """This rank's rank in the call's group: the pool's, or its place among ``members``
+    (world ranks, ascending: new_group orders them so); None outside the group."""
+    members = args.get("members")
+    if members is None:
+        return ctx.rank
+    return members.index(ctx.rank) if ctx.rank in members else None
+
+
+def subgroup(ctx: Context, members: list[int]) -> Any:
+    """The process group of ``members``, made once a pool (every rank makes every group, in
+    the same order: creating one is collective over the world)."""
+    import torch.distributed as dist
+
+    key = ("subgroup", tuple(members))
+    if key not in ctx.cache:
+        ctx.cache[key] = dist.new_group(list(members))
+    return ctx.cache[key]
 
 
 def on_listed_rank(ctx: Context, args: dict[str, Any]) -> bool:

@@ -40,6 +40,7 @@ __all__ = [
     "Model",
     "refit_case",
     "refit_cases",
+    "refit_subgroup_cases",
     "refusal_cases",
     "tp_layout",
     "tp_reshard_cases",
@@ -260,6 +261,18 @@ def refit_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
     if draw(st.integers(0, 3), label="own recipe") == 0:
         return draw(own_recipe_case(world, list(train), list(serve), seeds, placement))
     return refit_case(m, world, list(train), list(serve), training, cuts, seeds, placement)
+
+
+@st.composite
+def refit_subgroup_cases(draw: st.DrawFn) -> dict[str, Any]:
+    """:func:`refit_cases`' dict, on 1 to 3 ranks, run on the group of ``members``: as many
+    ranks of a pool of 2 to 4 (ascending, as new_group orders them; group rank i is
+    ``members[i]``, seldom pool rank i), the pool's other ranks left out. Pools of gloo
+    ranks only: simulated worlds hold whole worlds."""
+    c = draw(refit_cases(max_world=3))
+    pool = draw(st.integers(c["world"] + 1, 4), label="pool")
+    members = sorted(draw(st.permutations(range(pool)))[: c["world"]])
+    return {**c, "pool": pool, "members": members}
 
 
 @st.composite

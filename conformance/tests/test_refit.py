@@ -27,11 +27,13 @@ from conformance.strategies.refit import (
     packed_layout_cases,
     refit_case,
     refit_cases,
+    refit_subgroup_cases,
     refusal_cases,
     tp_layout,
     tp_reshard_cases,
 )
 from shardspec.refit import reference
+from shardspec.testing.devices import simulated_worlds
 
 # Each example is one or two refits of a whole model on up to 4 ranks: a third of the
 # profile's examples, never fewer than 20 (or than the profile's own when it asks for fewer).
@@ -86,6 +88,33 @@ def test_every_serving_rank_holds_the_references_bytes(
         answers = impl.refit(pools(c["world"]), c["recipe"], c["rounds"], c["src"], c["dst"],
                              example=c["ex"])  # fmt: skip
         _check_rounds(c, answers)
+
+
+@pytest.mark.rule("REFIT-2", "REFIT-14", "REFIT-15")
+@pytest.mark.pool
+@pytest.mark.skipif(
+    bool(simulated_worlds()), reason="a group of some of a pool's gloo ranks; simulated worlds "
+    "hold whole worlds (the same refits run on them whole above)"
+)  # fmt: skip
+@FEWER
+@given(refit_subgroup_cases())
+def test_a_refit_among_a_subgroup_of_the_ranks_uses_its_group_ranks(
+    impl: Impl, pools: Any, c: dict[str, Any]
+) -> None:
+    """On the process group of some of the pool's ranks (group rank i is the i-th member,
+    not pool rank i): each member holds what the reference gives its group rank, round after
+    round, and the ranks outside the group hold nothing."""
+    members = c["members"]
+    ex = f"on the group of pool ranks {members} of {c['pool']}: {c['ex']}"
+    with case():
+        answers = impl.refit_on(pools(c["pool"]), members, c["recipe"], c["rounds"], c["src"],
+                                c["dst"], example=ex)  # fmt: skip
+        assert_equal("len(pool ranks)", len(answers), c["pool"], ex)
+        for r, per_round in enumerate(answers):
+            if r not in members:
+                held = [sorted(got) for got in per_round]
+                assert_equal(f"rank{r} (not in the group) holds", held, [[]] * len(held), ex)
+        _check_rounds({**c, "ex": ex}, [answers[m] for m in members])
 
 
 # vLLM's QKVParallelLinear at TP 4 over 8 query heads and 2 KV heads of 2 rows, on ranks

@@ -73,9 +73,17 @@ def _refit_shardspec(
     """``shardspec.refit.refit`` once per round into the same out tensors, the source
     tensors changed in place between rounds (as a training step changes them); with
     ``members``, on the group of those ranks (the others take no part)."""
+    if args.get("members") is None:
+        return _refit_on(ctx, args, ts, ctx.group)
+    with subgroup(ctx, args["members"]) as group:
+        return _refit_on(ctx, args, ts, group)
+
+
+def _refit_on(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor], group: Any
+) -> tuple[Any, list[torch.Tensor]]:
     from shardspec.refit import recipe_from_data, refit
 
-    group = ctx.group if args.get("members") is None else subgroup(ctx, args["members"])
     me = group_rank(ctx, args)
     if me is None:
         return None, []

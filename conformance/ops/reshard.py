@@ -114,11 +114,17 @@ def _reshard_state_dict(
     (layout ranks are group ranks; the other ranks take no part and return nothing). Returns,
     per entry, whether the returned tensors are the out= tensors given and whether anything
     outside them was written, and the outputs."""
+    if args.get("members") is None:
+        return _state_dict_on(ctx, args, ts, None)
+    with subgroup(ctx, args["members"]) as group:
+        return _state_dict_on(ctx, args, ts, group)
+
+
+def _state_dict_on(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor], group: Any
+) -> tuple[Any, list[torch.Tensor]]:
     from shardspec.reshard import reshard_state_dict
 
-    group = None
-    if args.get("members") is not None:
-        group = subgroup(ctx, args["members"])
     me = group_rank(ctx, args)
     if me is None:
         return {"same": {}, "spilled": {}}, []

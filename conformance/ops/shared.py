@@ -6,6 +6,8 @@ register their own.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -39,15 +41,22 @@ def group_rank(ctx: Context, args: dict[str, Any]) -> int | None:
     return members.index(ctx.rank) if ctx.rank in members else None
 
 
-def subgroup(ctx: Context, members: list[int]) -> Any:
-    """The process group of ``members``, made once a pool (every rank makes every group, in
-    the same order: creating one is collective over the world)."""
+@contextmanager
+def subgroup(ctx: Context, members: list[int]) -> Iterator[Any]:
+    """The process group of ``members`` for one call (every rank makes it: creating a group is
+    collective over the world), destroyed after the call once every member is done. Not kept:
+    a pooled rank releases the groups nothing holds when enough have piled up, counting its own
+    (``shardspec.testing.groups``), which works only while every rank holds the same groups; a
+    kept group of some ranks would make the members release and the others not."""
     import torch.distributed as dist
 
-    key = ("subgroup", tuple(members))
-    if key not in ctx.cache:
-        ctx.cache[key] = dist.new_group(list(members))
-    return ctx.cache[key]
+    group = dist.new_group(list(members))
+    try:
+        yield group
+    finally:
+        if ctx.rank in members:
+            dist.barrier(group=group)
+            dist.destroy_process_group(group)
 
 
 def on_listed_rank(ctx: Context, args: dict[str, Any]) -> bool:

@@ -145,16 +145,27 @@ class Adapter:
             raise
 
     def _dcp_save(
-        self, pool: Any, path: str, saved: Layout, tensor: Any, example: str, **extra: Any
+        self,
+        pool: Any,
+        path: str,
+        saved: Layout,
+        tensor: Any,
+        example: str,
+        copies: int = 0,
+        **extra: Any,
     ) -> None:
         """``checkpoint.save`` on the pool's ranks: ``saved``'s boxes of ``tensor`` (and
-        ``extra`` arguments: ``values`` saved beside it) to ``path``."""
+        ``extra`` arguments: ``values`` saved beside it) to ``path``; with ``copies`` k, also
+        ``saved``'s boxes of ``tensor_copy(tensor, j)`` as ``t<j>``, j = 1..k."""
         from conformance.codec import layout_to_json
 
         args = {"path": path, "layout": layout_to_json(saved), "dtype": dtype_name(tensor),
                 **extra}  # fmt: skip
+        if copies:
+            args["copies"] = copies
+        every = [tensor] + [tensor_copy(tensor, j) for j in range(1, copies + 1)]
         inputs = [
-            [tensor[b.slices()].contiguous() for b in saved.boxes_of(r)]
+            [x[b.slices()].contiguous() for x in every for b in saved.boxes_of(r)]
             for r in range(pool.world_size)
         ]
         self._run_via(
@@ -164,6 +175,25 @@ class Adapter:
 
 def dtype_name(tensor: Any) -> str:
     return str(tensor.dtype).removeprefix("torch.")
+
+
+def tensor_copy(tensor: Any, j: int) -> Any:
+    """Copy ``j`` >= 1 of ``tensor`` that a checkpoint holds beside it: ``tensor``'s elements
+    rolled ``j`` places in row-major order, and each byte plus ``j`` (a bool flipped for odd
+    ``j``). Of one geometry with ``tensor``, so a load may move them together, and unlike it
+    and every other copy in every element of more than one byte, so what lands in the wrong
+    tensor or place shows."""
+    import torch
+
+    flat = tensor.detach().reshape(-1)
+    if flat.numel():
+        flat = torch.roll(flat, j)
+    if tensor.dtype == torch.bool:
+        flat = flat ^ bool(j % 2)
+    else:
+        raw = flat.contiguous().view(torch.uint8)
+        flat = (raw + (j % 256)).view(tensor.dtype)
+    return flat.reshape(tensor.shape).clone()
 
 
 def ones_of(load: dict[str, Any], tensor: Any, world: int) -> list[list[Any]]:

@@ -31,40 +31,46 @@ class CollectiveLoad(Adapter):
         damage: str | None,
         example: str,
         storage: str | None = None,
+        copies: int = 0,
     ) -> list[Any]:
         """A real ``dcp.save`` on ``save_pool``'s ranks of ``{"t": ShardedTensor of saved's
-        boxes of tensor, "v": {"n": 7}, "w": 5}``; then, when ``damage`` says so, the file
-        holding the largest chunk of ``t`` is cut short (``truncate``), removed (``remove``),
-        the ``.metadata`` replaced by junk (``metadata``), or the chunk list of ``t`` in it
-        made to leave a gap (``gap``: the largest chunk left out) or to overlap (``overlap``:
-        a chunk that stops short of the tensor's end in some dim moved one element along it,
-        its stored bytes found at its new offset; a gap when no chunk can move), each chunk
-        left finding bytes of its size; then the implementation's
-        collective load (CKPT-23 to CKPT-27) on ``load_pool``'s ranks into ``{"t": load,
-        "v": {"n": 0}, "w": 0}`` (``load`` as in :meth:`checkpoint_round_trip`, or ``{"kind":
-        "plain"}``: a plain tensor on every rank) with ``reads`` (and ``storage``, what
-        ``reads="auto"`` is told of the storage, when not None: CKPT-25). Per load rank a RankResult
-        whose value holds ``error`` (what the rank raised, or None), ``value`` (``{"v": ...,
-        "w": ...}`` as loaded), ``stats`` (``reads``, ``data_bytes``, ``value_bytes``,
-        ``ranges``: (file, start, stop) of each byte range read, or None when the
-        implementation does not say) and whose tensors are its local tensors after the
-        load."""
+        boxes of tensor, "v": {"n": 7}, "w": 5}`` (with ``copies`` k, also ``"t1"`` ..
+        ``"tk"``: the same of ``tensor_copy(tensor, j)``, loaded into the same kind of
+        destination as ``t``, their local tensors after ``t``'s in that order); then, when
+        ``damage`` says so, the file holding the largest chunk of ``t`` is cut short
+        (``truncate``), removed (``remove``), the ``.metadata`` replaced by junk
+        (``metadata``), or the chunk list of ``t`` in it made to leave a gap (``gap``: the
+        largest chunk left out) or to overlap (``overlap``: a chunk that stops short of the
+        tensor's end in some dim moved one element along it, its stored bytes found at its
+        new offset; a gap when no chunk can move), each chunk left finding bytes of its
+        size; then the implementation's collective load (CKPT-23 to CKPT-27) on
+        ``load_pool``'s ranks into ``{"t": load, "v": {"n": 0}, "w": 0}`` (``load`` as in
+        :meth:`checkpoint_round_trip`, or ``{"kind": "plain"}``: a plain tensor on every rank)
+        with ``reads`` (and ``storage``, what ``reads="auto"`` is told of the storage, when not
+        None: CKPT-25). Per load rank a RankResult whose value holds ``error`` (what the rank
+        raised, or None), ``value`` (``{"v": ..., "w": ...}`` as loaded), ``stats``
+        (``reads``, ``data_bytes``, ``value_bytes``, ``ranges``: (file, start, stop) of each
+        byte range read, or None when the implementation does not say) and whose tensors are
+        its local tensors after the load."""
         import tempfile
 
         if self.via is None:
             raise self.unsupported("a collective checkpoint load")
         with tempfile.TemporaryDirectory(prefix="shardspec-cload-") as path:
             values = {"v": {"n": 7}, "w": 5}
-            self._dcp_save(save_pool, path, saved, tensor, example, values=values)
+            self._dcp_save(save_pool, path, saved, tensor, example, copies, values=values)
             if damage is not None:
                 damage_checkpoint(path, damage)
             load_args = {**load, "path": path, "dtype": dtype_name(tensor), "fill": 1,
                          "reads": reads, "shape": list(tensor.shape)}  # fmt: skip
             if storage is not None:
                 load_args["storage"] = storage
+            if copies:
+                load_args["copies"] = copies
+            ones = [o * (copies + 1) for o in ones_of(load, tensor, load_pool.world_size)]
             return self._run_via(  # type: ignore[no-any-return]
                 "collective load", load_pool, "checkpoint.collective_load", load_args,
-                per_rank_tensors=ones_of(load, tensor, load_pool.world_size), example=example,
+                per_rank_tensors=ones, example=example,
             )  # fmt: skip
 
     def checkpoint_safetensors_load(

@@ -27,7 +27,12 @@ __all__: list[str] = []
 KEY = "t"
 
 
-@operation("checkpoint.save", collective=True, check=layout_check)
+def _check_save(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
+    for part in _parts(ts, args):
+        layout_check(ctx, args, part)
+
+
+@operation("checkpoint.save", collective=True, check=_check_save)
 def _save(
     ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
 ) -> tuple[Any, list[torch.Tensor]]:
@@ -38,8 +43,11 @@ def _save(
 
     layout = layout_from_json(args["layout"])
     via = via_of(args)
-    st = sharded_tensor_of(ctx, layout, getattr(torch, args["dtype"]), ts, via)
-    sd: dict[str, Any] = {KEY: st}
+    dtype = getattr(torch, args["dtype"])
+    sd: dict[str, Any] = {
+        key: sharded_tensor_of(ctx, layout, dtype, part, via)
+        for key, part in zip(_keys(args), _parts(ts, args))
+    }
     sd.update(args.get("values", {}))  # non-tensor values saved beside the tensor
     if args.get("hf"):
         from torch.distributed.checkpoint import HuggingFaceStorageWriter
@@ -49,6 +57,20 @@ def _save(
     else:
         dcp.save(sd, checkpoint_id=args["path"], planner=_save_planner(via))
     return None, []
+
+
+def _keys(args: dict[str, Any]) -> list[str]:
+    """The tensors' keys: ``t``, and with ``copies`` k, ``t1`` .. ``tk``."""
+    return [KEY] + [f"{KEY}{j}" for j in range(1, int(args.get("copies", 0)) + 1)]
+
+
+def _parts(ts: list[torch.Tensor], args: dict[str, Any]) -> list[list[torch.Tensor]]:
+    """``ts`` cut into each key's local tensors (each key's as many, in the keys' order)."""
+    n = len(_keys(args))
+    if len(ts) % n:
+        raise ValueError(f"{len(ts)} local tensors do not divide among {n} tensors")
+    each = len(ts) // n
+    return [ts[i * each : (i + 1) * each] for i in range(n)]
 
 
 def _save_planner(via: str) -> Any:
@@ -135,14 +157,17 @@ def _check_collective(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
     if args.get("reads") not in ("auto", "own", "once"):
         raise ValueError(f"reads must be auto, own or once, got {args.get('reads')!r}")
     if args["kind"] != "plain":
-        _check_load(ctx, args, ts)
+        for part in _parts(ts, args):
+            _check_load(ctx, args, part)
 
 
 @operation("checkpoint.collective_load", collective=True, check=_check_collective)
 def _collective_load(
     ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
 ) -> tuple[Any, list[torch.Tensor]]:
-    """A collective load of ``path`` into ``{"t": tensor, "v": {"n": 0}, "w": 0}`` (``{"t":
+    """A collective load of ``path`` into ``{"t": tensor, "v": {"n": 0}, "w": 0}`` (with
+    ``copies`` k, also ``"t1"`` .. ``"tk"``, each a tensor as ``t``; ``ts`` holds each one's
+    local tensors in turn, and so do the returned ones) (``{"t":
     tensor}`` from a safetensors checkpoint, ``safetensors``, or with ``tensor_only``, as a
     checkpoint another library wrote holds no such values): with shardspec,
     ``shardspec.checkpoint.load`` with ``reads`` (tracing the byte ranges each rank read);
@@ -153,13 +178,16 @@ def _collective_load(
     rank's load stats (shardspec) and its local tensors after the load."""
     via = via_of(args)
     dtype = getattr(torch, args["dtype"])
-    if args["kind"] == "plain":
-        obj: Any = torch.full(tuple(args["shape"]), args["fill"], dtype=dtype, device=ctx.device)
-    else:
-        obj = _target(ctx, args, ts, via)
+    objs: dict[str, Any] = {}
+    for key, part in zip(_keys(args), _parts(ts, args)):
+        if args["kind"] == "plain":
+            shape = tuple(args["shape"])
+            objs[key] = torch.full(shape, args["fill"], dtype=dtype, device=ctx.device)
+        else:
+            objs[key] = _target(ctx, args, part, via)
     hf = bool(args.get("safetensors"))
     alone = hf or bool(args.get("tensor_only"))
-    sd: dict[str, Any] = {KEY: obj} if alone else {KEY: obj, "v": {"n": 0}, "w": 0}
+    sd: dict[str, Any] = dict(objs) if alone else {**objs, "v": {"n": 0}, "w": 0}
     facts: dict[str, Any] = {"error": None, "stats": None}
     try:
         if via == "shardspec":
@@ -187,12 +215,16 @@ def _collective_load(
     except BaseException as e:  # DCP's CheckpointException is a BaseException
         facts["error"] = f"{type(e).__name__}: {e}"
     facts["value"] = None if alone else {"v": sd["v"], "w": sd["w"]}
-    if args["kind"] == "sharded":
-        return facts, [s.tensor for s in obj.local_shards()]
-    if args["kind"] == "dtensor":
-        facts["coordinate"] = obj.device_mesh.get_coordinate()
-        return facts, [obj.to_local()]
-    return facts, [obj]
+    out: list[torch.Tensor] = []
+    for obj in objs.values():
+        if args["kind"] == "sharded":
+            out += [s.tensor for s in obj.local_shards()]
+        elif args["kind"] == "dtensor":
+            facts["coordinate"] = obj.device_mesh.get_coordinate()
+            out.append(obj.to_local())
+        else:
+            out.append(obj)
+    return facts, out
 
 
 def _filled_dtensor(ctx: Context, args: dict[str, Any], dtype: torch.dtype, via: str) -> Any:

@@ -27,6 +27,7 @@ from conformance.assertions import assert_equal, assert_tensor_bitwise, describe
 from conformance.cases import case
 from conformance.codec import layout_from_json, layout_to_json
 from conformance.impls import Impl
+from conformance.interface.base import tensor_copy
 from shardspec.checkpoint.storage import storage_kind
 from shardspec.metadata import Box, Layout, Shard
 from shardspec.testing.devices import simulated_worlds
@@ -53,6 +54,9 @@ def collective_loads(draw: st.DrawFn) -> dict[str, Any]:
     c["reads"] = draw(st.sampled_from(READS))
     c["storage"] = draw(st.sampled_from(STORAGE))
     c["damage"] = draw(st.sampled_from([None] * 12 + ["truncate", "remove", "metadata"]))
+    # tensors of the saved one's geometry beside it: read and moved as one stack by
+    # reads="once" (CKPT-24), whose runs hold one member or, among many, several
+    c["copies"] = draw(st.sampled_from([0, 0, 0, 1, 3, 24]))
     return c
 
 
@@ -72,8 +76,10 @@ def _describe(c: dict[str, Any]) -> str:
     load = c["load"]
     where = "a plain tensor on every rank" if load["kind"] == "plain" else _describe_load(load)
     spoiled = f", the checkpoint damaged ({c['damage']})" if c.get("damage") else ""
+    copies = c.get("copies", 0)
+    beside = f" and {copies} tensors of its geometry (tensor_copy j of it)" if copies else ""
     return (
-        f"dcp.save on {c['save_world']} ranks of ShardedTensor {c['saved']!r}{spoiled}, "
+        f"dcp.save on {c['save_world']} ranks of ShardedTensor {c['saved']!r}{beside}{spoiled}, "
         f"collective load (reads={c['reads']}, storage={c.get('storage')}) on "
         f"{c['load_world']} ranks into {where}, "
         f"dtype={c['tensor'].dtype}"
@@ -122,12 +128,21 @@ def _auto(t: Any, load: dict[str, Any], world: int, storage: str) -> str:
     return "once" if len(set(nonempty)) < len(nonempty) else "own"
 
 
-def _check_local(r: Any, t: Any, load: dict[str, Any], ex: str) -> None:
-    """Rank ``r``'s local tensors are the reference's, bit for bit."""
-    want = _want(t, load, r.rank)
+def _check_local(r: Any, t: Any, load: dict[str, Any], ex: str, copies: int = 0) -> None:
+    """Rank ``r``'s local tensors are the reference's, bit for bit (of ``t``, then of each of
+    its ``copies``)."""
+    want = [
+        (f"t{j}." if j else "", i, w)
+        for j, x in enumerate(_every(t, copies))
+        for i, w in enumerate(_want(x, load, r.rank))
+    ]
     assert_equal(f"rank{r.rank}.local tensors", len(r.tensors), len(want), ex)
-    for i, (got, w) in enumerate(zip(r.tensors, want)):
-        assert_tensor_bitwise(f"rank{r.rank}.loaded[{i}]", got, w, ex)
+    for got, (key, i, w) in zip(r.tensors, want):
+        assert_tensor_bitwise(f"rank{r.rank}.{key}loaded[{i}]", got, w, ex)
+
+
+def _every(t: Any, copies: int) -> list[Any]:
+    return [t] + [tensor_copy(t, j) for j in range(1, copies + 1)]
 
 
 def _mine(t: Any, load: dict[str, Any], rank: int) -> int:
@@ -255,6 +270,10 @@ BIG_CHUNKS_ON_4 = {
     "damage": None,
 }
 
+# 25 tensors of one geometry (rows saved on 3, columns loaded on 2), read once: one stack
+# (CKPT-24), its stacked chunks cut across the members into runs of several.
+STACKED_ONCE = {**ROWS_TO_COLUMNS_BF16, "reads": "once", "damage": None, "copies": 24}
+
 
 def _examples(test: Any) -> Any:
     """The explicit examples, on pools of 2 to 4 ranks; on simulated worlds
@@ -271,6 +290,7 @@ def _examples(test: Any) -> Any:
         ROWS_TO_COLUMNS_OWN,
         TRUNCATED_ONCE,
         ROWS_TO_PLAIN_ONCE,
+        STACKED_ONCE,
         MANY_CHUNKS,
         MANY_CHUNKS_ON_4,
         INDEXED_CHUNKS_ON_4,
@@ -298,11 +318,12 @@ def test_a_collective_load_gives_every_rank_the_reference_or_fails_on_all(
     impl: Impl, pools: Any, c: dict[str, Any]
 ) -> None:
     t, load = c["tensor"], c["load"]
+    copies = c.get("copies", 0)
     ex = _describe(c)
     with case():
         results = impl.checkpoint_collective_load(
             pools(c["save_world"]), pools(c["load_world"]), c["saved"], t, load, c["reads"],
-            c["damage"], ex, storage=c.get("storage"),
+            c["damage"], ex, storage=c.get("storage"), copies=copies,
         )  # fmt: skip
         errors = [r.value["error"] for r in results]
         if c["damage"] is not None:
@@ -312,7 +333,7 @@ def test_a_collective_load_gives_every_rank_the_reference_or_fails_on_all(
         for r in results:
             # a nested value filled in place, a top-level one replaced (as dcp.load does)
             assert_equal(f"rank{r.rank}.values", r.value["value"], {"v": {"n": 7}, "w": 5}, ex)
-            _check_local(r, t, load, ex)
+            _check_local(r, t, load, ex, copies)
         stats = [r.value["stats"] for r in results]
         if stats[0] is None:
             return  # the implementation does not count its reads
@@ -326,14 +347,16 @@ def test_a_collective_load_gives_every_rank_the_reference_or_fails_on_all(
         if c["reads"] == "auto":
             assert_equal("the storage auto chose by", stats[0]["storage"], storage, ex,
                          rule="CKPT-25")  # fmt: skip
-        nbytes = t.numel() * t.element_size()
+        nbytes = (copies + 1) * t.numel() * t.element_size()
         if mode == "once":
-            # balanced: no rank reads more than a fair share plus one chunk (these chunks are
-            # never cut into runs)
-            largest = max((s.box.numel for s in c["saved"].shards), default=0)
-            bound = -(-nbytes // len(stats)) + largest * t.element_size()
-            heavy = [s["data_bytes"] for s in stats if s["data_bytes"] > bound]
-            assert_equal("ranks reading more than a fair share and a chunk", heavy, [], ex)
+            # balanced (CKPT-24): no rank reads more than a fair share plus one run, a saved
+            # chunk (these are never cut into row runs) or, with copies, a run of a stack: at
+            # most an eighth of a share and a chunk (its chunk of a member) more
+            largest = max((s.box.numel for s in c["saved"].shards), default=0) * t.element_size()
+            share = -(-nbytes // len(stats))
+            run = largest + (-(-share // 8) if copies else 0)
+            heavy = [s["data_bytes"] for s in stats if s["data_bytes"] > share + run]
+            assert_equal("ranks reading more than a fair share and a run", heavy, [], ex)
             # CKPT-24: the job reads each saved byte once (these chunks are never cut into
             # runs: far below the run size), counted by the ranks
             assert_equal("tensor bytes read by the job", sum(s["data_bytes"] for s in stats),
@@ -345,7 +368,7 @@ def test_a_collective_load_gives_every_rank_the_reference_or_fails_on_all(
         else:
             for r, s in zip(results, stats):
                 assert_equal(f"rank{r.rank}.tensor bytes read", s["data_bytes"],
-                             _mine(t, load, r.rank), ex)  # fmt: skip
+                             (copies + 1) * _mine(t, load, r.rank), ex)  # fmt: skip
 
 
 def _check_failed_everywhere(errors: list[str | None], damage: str, ex: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from dcp_load_cases import load, load_failing, save
-from test_dcp_load import ON_2, ON_4, entries, grid
+from test_dcp_load import ON_2, ON_4, entries, grid, two_per_rank
 
 from shardspec.metadata import chunk_layout
 from shardspec.testing import RankPool, get_pool
@@ -100,6 +100,57 @@ def test_large_and_small_chunks_load_together(
     if stats[0]["reads"] == "own":  # each rank reads its columns of both large chunks
         large = 600 * 256 * 4
         assert all(s["data_bytes"] >= large // 4 for s in stats), stats
+
+
+# Tensors of one geometry (a model's layers): reads="once" reads and moves each geometry's as
+# one stack (CKPT-24), cut across its members into runs of several, beside a tensor of another
+# geometry and a replicated one.
+STACKED = (
+    [
+        (
+            (f"dt.layers.{i}.w", (12, 10), "float32"),
+            ("dt", (4,), [("S", 0)]),
+            ("dt", (2,), [("S", 1)]),
+            ("dt", (2, 2), [("S", 1), ("S", 0)]),
+        )
+        for i in range(12)
+    ]
+    + [
+        (
+            (f"st.layers.{i}.b", (13, 2), "bfloat16"),
+            ("st", two_per_rank((13, 2), 4)),
+            ("st", chunk_layout((13, 2), 1, [1, 0])),
+            ("st", grid((13, 2), 2, 2, [3, 2, 1, 0])),
+        )
+        for i in range(5)
+    ]
+    + [
+        (
+            ("dt.other", (12, 10), "float16"),
+            ("dt", (4,), [("S", 0)]),
+            ("dt", (2,), [("S", 1)]),
+            ("dt", (4,), [("S", 1)]),
+        ),
+        (
+            ("dt.norm", (10,), "float32"),
+            ("dt", (4,), [("S", 0)]),
+            ("dt", (2,), [("R",)]),
+            ("dt", (4,), [("R",)]),
+        ),
+    ]
+)
+
+
+@pytest.mark.rule("CKPT-24")
+@pytest.mark.parametrize("mode", MODES)
+def test_tensors_of_one_geometry_load_as_a_stack(
+    pools: dict[int, RankPool], tmp_path: Path, mode: str
+) -> None:
+    pools[4].call(save, str(tmp_path), entries(STACKED, 1), True)
+    for world, col in ((2, 2), (4, 3)):
+        stats = check(pools[world], tmp_path, entries(STACKED, col), mode)
+        if stats[0]["reads"] == "once":
+            assert sum(s["data_bytes"] for s in stats) == saved_data_bytes(entries(STACKED, col))
 
 
 def same_error_everywhere(answers: list[str]) -> str:

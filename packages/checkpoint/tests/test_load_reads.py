@@ -40,8 +40,19 @@ def loads(draw: st.DrawFn) -> tuple[list[TensorReads], int]:
         dst = draw(valid_layouts(st.just(shape), world=world))
         dst = Layout(shape, [Shard(s.box, s.rank % world) for s in dst.shards])
         itemsize = draw(st.sampled_from([1, 2, 4, 8]))
-        tensors.append(TensorReads(f"t{k}", itemsize, tuple(s.box for s in saved.shards), dst))
+        chunks = tuple(s.box for s in saved.shards)
+        if draw(st.integers(0, 2)) == 0:  # a stack of n tensors of this geometry
+            n = draw(st.integers(1, 40))
+            chunks = tuple(_lift(b, n) for b in chunks)
+            dst = Layout((n, *shape), [Shard(_lift(s.box, n), s.rank) for s in dst.shards])
+            tensors.append(TensorReads(f"t{k}", itemsize, chunks, dst, stacked=True))
+        else:
+            tensors.append(TensorReads(f"t{k}", itemsize, chunks, dst))
     return tensors, world
+
+
+def _lift(box: Box, n: int) -> Box:
+    return Box((0, *box.offsets), (n, *box.sizes))
 
 
 @pytest.fixture(params=[True, False], ids=["runs-cut-small", "runs-as-shipped"])
@@ -92,6 +103,11 @@ def test_the_runs_tile_every_non_empty_chunk_once_each_with_one_reader(
     share = math.ceil(total / world)
     largest = max((r.nbytes for r in runs), default=0)
     assert max(load.values(), default=0) <= share + largest
+    for run in runs:
+        t = by_key[run.key]
+        if t.stacked:  # cut across its members: at most an eighth of a share, or one member
+            member = run.nbytes // run.box.sizes[0]
+            assert run.nbytes <= max(math.ceil(share / load_reads.STACK_PARTS), member) + member
 
 
 @pytest.mark.rule("CKPT-24")

@@ -48,6 +48,7 @@ from .dcp_files import UnsupportedItem
 from .dcp_reader import WHOLE_ITEM_BYTES, CheckpointReadError
 from .load_exchange import BYTES_KEY, Target, exchange, replicated, whole_on_every_rank
 from .load_reads import STORAGE, Run, TensorReads, assign_reads, choose_reads
+from .load_stacks import stack_targets
 from .load_submeshes import whole_layouts
 from .storage import resolve_storage
 
@@ -189,6 +190,7 @@ def _load(
     targets: list[Target] = []
     values: list[tuple[str, Any]] = []
     runs: list[Run] = []
+    moved: list[Target] = []  # reads="once": the targets, small ones of a geometry stacked
     mode = reads
     mappings: Mapping[str, Any] = {}
     try:
@@ -229,7 +231,16 @@ def _load(
                 if mode == "auto":
                     mode = choose_reads(plans, stats.storage, world)
                 if mode == "once":
-                    runs = assign_reads([p for p in plans if p.dst.numel], world)
+                    moved = stack_targets(targets, world)
+                    runs = assign_reads(
+                        [
+                            TensorReads(t.key, t.saved.properties.dtype.itemsize, t.chunks,
+                                        t.dst, stacked=bool(t.members))
+                            for t in moved
+                            if t.dst.numel
+                        ],
+                        world,
+                    )  # fmt: skip
             digest = _digest(mode, max_buffer_bytes, targets, values)
         except Exception as e:
             error = f"{type(e).__name__}: {e}"
@@ -246,7 +257,7 @@ def _load(
         if mode == "own":
             _read_own(reader, targets, values, rank, got, stats)
         else:
-            held = _read_once(reader, runs, targets, values, rank, world, stats)
+            held = _read_once(reader, runs, moved, values, rank, world, stats)
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
     _agree(b"", error, group, comm, "the state dict may be partly loaded")
@@ -254,7 +265,7 @@ def _load(
     stats.seconds["read"], clock = now - clock, now
 
     if mode == "once":
-        got = exchange(held, runs, targets, values, group, comm, world, max_buffer_bytes)
+        got = exchange(held, runs, moved, values, group, comm, world, max_buffer_bytes)
     now = time.perf_counter()
     stats.seconds["exchange"], clock = now - clock, now
 
@@ -672,7 +683,7 @@ class _SmallEntries:
             self._columns: ColumnStorage | None = storage
             return
         self._columns = None
-        keys = {t.key for t in targets}
+        keys = {t.key for t in targets} | {m.key for t in targets for m in t.members}
         self._at = {
             (index.fqn, tuple(index.offset or ())): (index, info)
             for index, info in storage.items()
@@ -784,7 +795,6 @@ def _read_once(
     stored bytes of the non-tensor values it reads (value ``i`` is read by rank ``i % W``)."""
     import torch
     from torch.distributed.checkpoint.metadata import MetadataIndex
-    from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
     from .chunk_spans import Piece
 
@@ -792,16 +802,35 @@ def _read_once(
     held: dict[str, list[torch.Tensor]] = {}
     items: list[Any] = []
     small: list[Any] = []
-    spanned: list[Any] = []  # their read items, should the reader have to read them
+    # (dest key, dest index, chunk, start, sizes) of each small one, should the reader have to
+    # read them: their read items are made only then (a ReadItem costs ~10 us)
+    spanned: list[tuple[str, int, int, tuple[int, ...], tuple[int, ...]]] = []
+    views: dict[str, list[torch.Tensor]] = {}  # a stack's members' parts of its runs' buffers
     entries = _SmallEntries(reader, targets)
     whole = {t.key for t in targets if world > 1 and _read_in_place(t, world)}
     for run in runs:
         if run.reader != rank:
             continue
         t = by_key[run.key]
+        stats.data_bytes += run.nbytes
+        if t.members:  # the same chunk of members m0, m0 + 1, ...: each read into its part
+            buf = torch.empty(run.box.sizes, dtype=t.saved.properties.dtype)
+            held.setdefault(run.key, []).append(buf)
+            sizes = run.box.sizes[1:]
+            zeros = (0,) * len(sizes)
+            for m, part in zip(t.members[run.box.offsets[0] :], buf.unbind(0)):
+                mine = views.setdefault(m.key, [])
+                mine.append(part)
+                c = entries.chunk(m, run.chunk, [Piece(part, zeros, zeros, sizes)])
+                where = (m.key, len(mine) - 1, run.chunk, zeros, sizes)
+                if c is None:
+                    items.append(_run_item(m, *where[1:]))
+                else:
+                    small.append(c)
+                    spanned.append(where)
+            continue
         chunk = t.saved.chunks[run.chunk]
         mine = held.setdefault(run.key, [])
-        index = MetadataIndex(run.key, chunk.offsets, run.chunk)
         start = tuple(o - c for o, c in zip(run.box.offsets, chunk.offsets))
         # Where the run's bytes go. Never a new tensor where that can be helped: its pages are
         # fresh anonymous memory the kernel zero-fills on first touch, which cost 5x the read
@@ -814,11 +843,11 @@ def _read_once(
             # (a small run is read whole with its neighbours, below: one pread for many)
             m = None
             if run.nbytes > WHOLE_ITEM_BYTES:
+                index = MetadataIndex(run.key, chunk.offsets, run.chunk)
                 m = reader.map_rows(index, start, run.box.sizes)
             if m is not None:
                 out, nread, ranges = m
                 mine.append(out)
-                stats.data_bytes += run.nbytes
                 stats.bytes_read += nread
                 stats.chunks += 1
                 if reader.trace_reads:
@@ -826,32 +855,45 @@ def _read_once(
                 continue
             out = torch.empty(run.box.sizes, dtype=t.saved.properties.dtype)
         mine.append(out)
-        item = ReadItem(
-            type=LoadItemType.TENSOR,
-            dest_index=MetadataIndex(run.key, torch.Size(run.box.offsets), len(mine) - 1),
-            dest_offsets=torch.Size((0,) * run.box.ndim),
-            storage_index=index,
-            storage_offsets=torch.Size(start),
-            lengths=torch.Size(run.box.sizes),
-        )
-        stats.data_bytes += run.nbytes
-        piece = Piece(out, (0,) * run.box.ndim, start, run.box.sizes)
-        c = entries.chunk(t, run.chunk, [piece])
+        where = (run.key, len(mine) - 1, run.chunk, start, run.box.sizes)
+        c = entries.chunk(t, run.chunk, [Piece(out, (0,) * run.box.ndim, start, run.box.sizes)])
         if c is None:
-            items.append(item)
+            items.append(_run_item(t, *where[1:]))
         else:
             small.append(c)
-            spanned.append(item)
+            spanned.append(where)
     if not _read_small(reader, small, stats):
-        items += spanned
+        owner = {**by_key, **{m.key: m for t in targets for m in t.members}}
+        items += [_run_item(owner[w[0]], *w[1:]) for w in spanned]
     got: dict[str, Any] = {}
-    _run_reader(reader, items, held, got, stats)
+    _run_reader(reader, items, {**held, **views}, got, stats)
     for i, (fqn, _) in enumerate(values):
         if i % world == rank:
             raw = _stored_bytes(reader, fqn, stats)
             held[BYTES_KEY + fqn] = [torch.frombuffer(bytearray(raw), dtype=torch.uint8)]
             stats.value_bytes += len(raw)
     return held
+
+
+def _run_item(
+    t: Target, index: int, chunk: int, start: tuple[int, ...], sizes: tuple[int, ...]
+) -> Any:
+    """The read item of rows ``start`` (``sizes`` long) of saved chunk ``chunk`` of ``t`` into
+    destination ``index`` of its key (the reader's ``dest``)."""
+    import torch
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
+
+    offsets = tuple(t.saved.chunks[chunk].offsets)
+    at = torch.Size(tuple(o + s for o, s in zip(offsets, start)))
+    return ReadItem(
+        type=LoadItemType.TENSOR,
+        dest_index=MetadataIndex(t.key, at, index),
+        dest_offsets=torch.Size((0,) * len(sizes)),
+        storage_index=MetadataIndex(t.key, offsets, chunk),
+        storage_offsets=torch.Size(start),
+        lengths=torch.Size(sizes),
+    )
 
 
 def _read_in_place(t: Target, world: int) -> bool:

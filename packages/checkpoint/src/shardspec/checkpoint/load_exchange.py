@@ -12,7 +12,7 @@ so every rank cuts the same batches): a CPU state dict never lands on the GPU wh
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +48,8 @@ class Target:
     dst: Layout  # ranks of the group
     outs: list[torch.Tensor]  # this rank's destination tensors, in dst.boxes_of(rank) order
     chunks: Layout  # the saved chunks, checked (CKPT-1): chunk i on "rank" i
+    # a stack's (load_stacks): the tensors it holds, in its dim 0's order
+    members: tuple[Target, ...] = ()
 
 
 @functools.lru_cache(maxsize=1024)
@@ -105,10 +107,12 @@ def exchange(
     """Deliver the runs to the destinations (a reshard of the state dict, in batches under
     NCCL) and every non-tensor value's bytes to every rank."""
     import torch
+    import torch.distributed as dist
 
     from shardspec.reshard import reshard_state_dict
 
     dev = _device(targets, comm)
+    rank = dist.get_rank(group)
     shards: dict[str, list[Shard]] = {}
     for run in runs:
         shards.setdefault(run.key, []).append(Shard(run.box, run.reader))
@@ -126,14 +130,26 @@ def exchange(
         dtypes: dict[str, torch.dtype] = {}
         names: dict[str, str] = {}
         staged: list[tuple[torch.Tensor, torch.Tensor]] = []  # (on dev, the destination)
+        stacks: list[tuple[Target, list[torch.Tensor]]] = []  # (a stack, its boxes here)
         for key in keys:
             if key in by_key:
                 t = by_key[key]
                 src[key] = Layout(t.dst.shape, shards[key])
                 dst[key] = t.dst
-                out[key] = [_staged(o, dev, staged) for o in t.outs]
+                if t.members:
+                    dtype = t.saved.properties.dtype
+                    boxes = [torch.empty(b.sizes, dtype=dtype, device=dev)
+                             for b in t.dst.boxes_of(rank)]  # fmt: skip
+                    stacks.append((t, boxes))
+                    out[key] = boxes
+                    names[key] = (
+                        f"the {len(t.members)} tensors of one geometry moved as one "
+                        f"('{t.members[0].key}' to '{t.members[-1].key}')"
+                    )
+                else:
+                    names[key] = f"tensor '{key}'"
+                    out[key] = [_staged(o, dev, staged) for o in t.outs]
                 dtypes[key] = t.saved.properties.dtype
-                names[key] = f"tensor '{key}'"
             else:  # a value's stored bytes, read by rank i % W
                 i = int(key[len(BYTES_KEY) :])
                 fqn, n = values[i][0], sizes[i]
@@ -151,6 +167,8 @@ def exchange(
         )  # fmt: skip
         for tmp, dest in staged:
             dest.copy_(tmp)
+        for t, boxes in stacks:
+            _unstack(t, boxes)
         for key in keys:
             if key not in by_key:
                 fqn = values[int(key[len(BYTES_KEY) :])][0]
@@ -164,7 +182,7 @@ def _device(targets: list[Target], comm: torch.device) -> torch.device:
     if comm.type != "cpu":
         return comm
     for t in targets:
-        for o in t.outs:
+        for o in t.outs if not t.members else t.members[0].outs:
             return o.device
     return comm
 
@@ -182,9 +200,54 @@ def _staged(
     return tmp
 
 
+def _unstack(stack: Target, staged: Sequence[torch.Tensor]) -> None:
+    """Copy each member's destination boxes out of the stack's (``staged``: this rank's boxes
+    of the stack, in its destination's order)."""
+    import torch
+
+    dsts: dict[torch.device, list[torch.Tensor]] = {}
+    srcs: dict[torch.device, list[torch.Tensor]] = {}
+    with torch.no_grad():
+        for bi, box in enumerate(staged):
+            for m, part in zip(stack.members, box.unbind(0)):
+                out = m.outs[bi]
+                # a conj or neg view, a subclass, another device: one copy_ each, which
+                # resolves them (the fused copy takes plain tensors of one device)
+                if (
+                    type(out) is torch.Tensor
+                    and out.device == part.device
+                    and not out.is_conj()
+                    and not out.is_neg()
+                ):
+                    dsts.setdefault(out.device, []).append(out)
+                    srcs.setdefault(out.device, []).append(part)
+                else:
+                    out.copy_(part)
+        for dev, ds in dsts.items():
+            torch._foreach_copy_(ds, srcs[dev])
+
+
+# whole_on_every_rank by the layout's identity (the tensors of one geometry share their
+# layout object, and a load asks of each tensor several times); an entry holds its layout, so
+# no other object takes its id while it lives.
+_WHOLE: dict[tuple[int, int], tuple[Layout, bool]] = {}
+_WHOLE_MAX = 4096
+
+
 def whole_on_every_rank(dst: Layout, world: int) -> bool:
     """Whether every rank of the group holds the whole tensor, once (a plain tensor, a
     replicated DTensor)."""
+    hit = _WHOLE.get((id(dst), world))
+    if hit is not None and hit[0] is dst:
+        return hit[1]
+    found = _whole_on_every_rank(dst, world)
+    if len(_WHOLE) >= _WHOLE_MAX:
+        _WHOLE.clear()
+    _WHOLE[(id(dst), world)] = (dst, found)
+    return found
+
+
+def _whole_on_every_rank(dst: Layout, world: int) -> bool:
     if len(dst.shards) != world:
         return False
     full = Box((0,) * len(dst.shape), dst.shape)

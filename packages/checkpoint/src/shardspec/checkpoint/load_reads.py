@@ -29,6 +29,7 @@ from shardspec.reshard.index import BoxIndex
 __all__ = [
     "MIN_RUN_BYTES",
     "MOVE_COST",
+    "STACK_PARTS",
     "STORAGE",
     "STRIDED_MIN_BYTES",
     "STRIDED_RUN_BYTES",
@@ -53,6 +54,8 @@ STORAGE = ("local", "shared")
 # page-cached files in 0.085 s (5.7x; spec/09-checkpoint.md, "Measured"). Measured on gloo
 # over loopback only; NCCL's ratio is not measured here.
 MOVE_COST = 6
+# A stacked chunk is cut into runs of at most a fair share over this.
+STACK_PARTS = 8
 # A saved chunk is cut into row runs only down to this size: shorter reads cost more in calls
 # than a slightly uneven share of the reading.
 MIN_RUN_BYTES = 4 * 1024 * 1024
@@ -68,6 +71,8 @@ class TensorReads:
     itemsize: int
     chunks: tuple[Box, ...] | Layout
     dst: Layout
+    # a stack of tensors of one geometry (load_stacks): dim 0 counts its members
+    stacked: bool = False
 
     @functools.cached_property
     def boxes(self) -> tuple[Box, ...]:
@@ -100,14 +105,16 @@ def contiguous_run(chunk: Box, part: Box) -> int:
     return run
 
 
-def row_runs(chunk: Box, itemsize: int, most: int) -> list[Box]:
+def row_runs(chunk: Box, itemsize: int, most: int, least: int | None = None) -> list[Box]:
     """``chunk`` cut along dim 0 into the fewest near-equal row runs of at most ``most``
-    bytes each (never below one row, nor below :data:`MIN_RUN_BYTES` per run)."""
+    bytes each (never below one row, nor below ``least`` bytes per run, by default
+    :data:`MIN_RUN_BYTES`)."""
     nbytes = chunk.numel * itemsize
-    if chunk.ndim == 0 or nbytes <= max(most, MIN_RUN_BYTES):
+    most = max(most, MIN_RUN_BYTES if least is None else least, 1)
+    if chunk.ndim == 0 or nbytes <= most:
         return [chunk]
     rows = chunk.sizes[0]
-    parts = min(rows, math.ceil(nbytes / max(most, MIN_RUN_BYTES)))
+    parts = min(rows, math.ceil(nbytes / most))
     if parts <= 1:
         return [chunk]
     out = []
@@ -377,9 +384,11 @@ def assign_reads(tensors: Sequence[TensorReads], world: int) -> list[Run]:
     """Every non-empty saved chunk of ``tensors``, as row runs, each with its reader (CKPT-24).
 
     Runs: a chunk larger than a fair share (its tensors' saved bytes / ``world``) is cut into
-    :func:`row_runs`. Readers, largest run first: the least-loaded rank that holds the run's
-    first element in the destination, unless that would take it past the fair share (or the
-    run itself, if larger); then the least-loaded rank of all. Ties go to the lowest rank.
+    :func:`row_runs`; a stacked chunk (``stacked``) into runs across its members of at most
+    1/:data:`STACK_PARTS` of a share (a member's chunk at least). Readers, largest run first:
+    the least-loaded rank that holds the run's first element in the destination, unless that
+    would take it past the fair share (or the run itself, if larger); then the least-loaded
+    rank of all. Ties go to the lowest rank.
     """
     total = sum(c.numel * t.itemsize for t in tensors for c in t.boxes)
     share = max(1, math.ceil(total / max(world, 1)))
@@ -389,7 +398,14 @@ def assign_reads(tensors: Sequence[TensorReads], world: int) -> list[Run]:
         for ci, c in enumerate(t.boxes):
             if c.is_empty:
                 continue
-            for box in row_runs(c, t.itemsize, share):
+            # a stacked chunk is the same chunk of many tensors: cut across them into runs of
+            # at most an eighth of a share, so that the reads balance within that
+            cut = (
+                row_runs(c, t.itemsize, -(-share // STACK_PARTS), 0)
+                if t.stacked
+                else row_runs(c, t.itemsize, share)
+            )
+            for box in cut:
                 first = Box(box.offsets, (1,) * box.ndim)
                 hit = index.query(first)
                 home = holders[hit[0]] if hit else ()

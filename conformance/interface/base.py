@@ -185,7 +185,9 @@ def tensor_copy(tensor: Any, j: int) -> Any:
     tensor or place shows."""
     import torch
 
-    flat = tensor.detach().reshape(-1)
+    # a fresh tensor: a view of one byte needs stride 1, which an empty or strided one may lack
+    flat = torch.empty(tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+    flat.copy_(tensor.detach().reshape(-1))
     if flat.numel():
         flat = torch.roll(flat, j)
     if tensor.dtype == torch.bool:

@@ -29,7 +29,7 @@ from conformance.codec import layout_from_json, layout_to_json
 from conformance.impls import Impl
 from conformance.interface.base import tensor_copy
 from shardspec.checkpoint.storage import storage_kind
-from shardspec.metadata import Box, Layout, Shard
+from shardspec.metadata import Box, Layout, Shard, chunk_layout
 from shardspec.testing.devices import simulated_worlds
 
 from .test_checkpoint import ROWS_TO_COLUMNS_BF16, _describe_load, checkpoint_worlds, round_trips
@@ -107,25 +107,50 @@ def _storage(storage: str | None) -> str:
     return env or storage_kind(tempfile.gettempdir())
 
 
-def _auto(t: Any, load: dict[str, Any], world: int, storage: str) -> str:
-    """CKPT-25 on these small tensors (no read of "own" reaches 1 MiB): on local storage
-    "own" (it reads a replicated box once per holder, but "once" would move the box to every
-    other holder, and a byte moved costs more than one read); on shared storage "once" exactly
-    when two ranks hold the same non-empty box of the destination."""
-    if t.numel() == 0 or storage == "local":
+# CKPT-25's numbers, as the rule states them: a chunk of at most WHOLE_READ bytes is read whole
+# by "own" for any part of it, and each chunk so read counts CHUNK_COST; a byte moved counts
+# MOVE_COST bytes read; "once" counts EXCHANGE_COST for its exchange.
+WHOLE_READ, CHUNK_COST, MOVE_COST, EXCHANGE_COST = 256 << 10, 256 << 10, 6, 16 << 20
+
+
+def _auto(t: Any, load: dict[str, Any], saved: Layout, world: int, storage: str,
+          copies: int) -> str:  # fmt: skip
+    """CKPT-25 for ``t`` and its ``copies`` (one geometry), from the elements each rank holds
+    (``_want`` of an index tensor): "own" unless it reads a saved byte twice (an element two
+    ranks hold, or a small chunk read whole for two ranks' parts: no read of these tensors
+    reaches the 1 MiB of the strided rule); then on shared storage "once", on local storage
+    the cheaper by the rule's costs, "own" on a tie."""
+    if t.numel() == 0:
         return "own"
-    if load["kind"] == "plain":
-        return "once" if world > 1 else "own"
-    if load["kind"] == "sharded":
-        boxes = [s.box for s in layout_from_json(load["layout"]).shards if not s.box.is_empty]
-        return "once" if len(set(boxes)) < len(boxes) else "own"
-    mesh = tuple(load["mesh"])
-    held = [
-        tuple(map(tuple, reference.dtensor_indices(t.shape, mesh, load["placements"], coord)))
-        for coord in reference.mesh_coordinates(mesh)
-    ]
-    nonempty = [h for h in held if all(h)]
-    return "once" if len(set(nonempty)) < len(nonempty) else "own"
+    item = t.element_size()
+    assert t.numel() * item < 1 << 20, "the strided rule is not counted here"
+    ids = torch.arange(t.numel()).reshape(t.shape)
+    held = [[w.reshape(-1).tolist() for w in _want(ids, load, r)] for r in range(world)]
+    per = [sum(map(len, h)) * item for h in held]  # bytes of each rank's boxes
+    mine = [set(itertools.chain.from_iterable(h)) for h in held]
+    holders = [sum(e in m for m in mine) for e in range(t.numel())]
+    # every rank holds it whole: its reads are its boxes' bytes, chunk by chunk
+    whole = all(len(h) == 1 and len(h[0]) == t.numel() for h in held)
+    small = []  # per small saved chunk: its bytes, and the elements each rank holds of it
+    for box in {s.box for s in saved.shards if not s.box.is_empty}:
+        if box.numel * item <= WHOLE_READ and not whole:
+            chunk = set(ids[box.slices()].reshape(-1).tolist())
+            small.append((box.numel * item, [len(chunk & m) for m in mine]))
+    twice = any(h > 1 for h in holders) or any(sum(map(bool, o)) > 1 for _, o in small)
+    if not twice:
+        return "own"
+    if storage == "shared":
+        return "once"
+    k = copies + 1
+    own = max(
+        k * (per[r] + sum(n - o[r] * item + CHUNK_COST for n, o in small if o[r]))
+        for r in range(world)
+    )
+    needed = sum(h > 0 for h in holders) * item
+    got = max(k * (p * (world - 1) // world) for p in per)
+    once = (-(-k * needed // world) + CHUNK_COST * -(-k * len(small) // world)
+            + MOVE_COST * got + EXCHANGE_COST)  # fmt: skip
+    return "once" if once < own else "own"
 
 
 def _check_local(r: Any, t: Any, load: dict[str, Any], ex: str, copies: int = 0) -> None:
@@ -274,6 +299,22 @@ BIG_CHUNKS_ON_4 = {
 # (CKPT-24), its stacked chunks cut across the members into runs of several.
 STACKED_ONCE = {**ROWS_TO_COLUMNS_BF16, "reads": "once", "damage": None, "copies": 24}
 
+# 64 row chunks loaded as columns on 2 ranks, told the storage is local: "own" would read every
+# chunk whole on both ranks; for 25 such tensors that costs more than "once"'s exchange
+# (CKPT-25), for one it does not.
+SHARED_SMALL_CHUNKS_LOCAL = {
+    "save_world": 2,
+    "load_world": 2,
+    "saved": Layout((64, 4), [Shard(Box((i, 0), (1, 4)), i % 2) for i in range(64)]),
+    "load": {"kind": "sharded", "layout": layout_to_json(chunk_layout((64, 4), 1, [0, 1]))},
+    "tensor": torch.arange(256, dtype=torch.int32).reshape(64, 4),
+    "reads": "auto",
+    "storage": "local",
+    "damage": None,
+    "copies": 24,
+}
+ONE_SHARED_SMALL_CHUNKS_LOCAL = {**SHARED_SMALL_CHUNKS_LOCAL, "copies": 0}
+
 
 def _examples(test: Any) -> Any:
     """The explicit examples, on pools of 2 to 4 ranks; on simulated worlds
@@ -291,6 +332,8 @@ def _examples(test: Any) -> Any:
         TRUNCATED_ONCE,
         ROWS_TO_PLAIN_ONCE,
         STACKED_ONCE,
+        SHARED_SMALL_CHUNKS_LOCAL,
+        ONE_SHARED_SMALL_CHUNKS_LOCAL,
         MANY_CHUNKS,
         MANY_CHUNKS_ON_4,
         INDEXED_CHUNKS_ON_4,
@@ -341,7 +384,7 @@ def test_a_collective_load_gives_every_rank_the_reference_or_fails_on_all(
         assert_equal("read modes of the ranks", len(modes), 1, ex)
         mode = modes.pop()
         storage = _storage(c.get("storage"))
-        auto = _auto(t, load, len(results), storage)
+        auto = _auto(t, load, c["saved"], len(results), storage, copies)
         want_mode = c["reads"] if c["reads"] != "auto" else auto
         assert_equal("read mode", mode, want_mode, ex, rule="CKPT-25")
         if c["reads"] == "auto":

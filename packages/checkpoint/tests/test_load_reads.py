@@ -145,10 +145,11 @@ def test_contiguous_run_counts_the_trailing_full_dims() -> None:
 
 BIG = (2048, 1024)  # float32: 8 MiB
 LARGE = (8192, 1024)  # float32: 32 MiB
+HUGE = (32768, 1024)  # float32: 128 MiB
 
 
 @pytest.mark.rule("CKPT-25")
-def test_auto_reads_once_for_replicas_and_long_strided_reads_only() -> None:
+def test_auto_reads_once_for_replicas_long_strided_reads_and_shared_small_chunks_only() -> None:
     rows4 = tuple(s.box for s in chunk_layout(BIG, 0, [0, 1, 2, 3]).shards)
     cols2 = chunk_layout(BIG, 1, [0, 1])
     rows2 = chunk_layout(BIG, 0, [0, 1])
@@ -164,10 +165,13 @@ def test_auto_reads_once_for_replicas_and_long_strided_reads_only() -> None:
                                      Layout(tiny, [Shard(Box((0, 0), tiny), r) for r in (0, 1)]))
                          ]) == "once"  # fmt: skip
     assert choose_reads([TensorReads("w", 4, rows4, replicated)]) == "once"
-    # small strided pieces (48 x 40 float32 rows -> columns): reading them is cheap
+    # small strided pieces (48 x 40 float32 rows -> columns): each rank reads every small
+    # chunk whole for its columns, so each is read twice (CKPT-14)
     small = (48, 40)
     s_rows = tuple(s.box for s in chunk_layout(small, 0, [0, 1, 2, 3]).shards)
-    assert choose_reads([TensorReads("s", 4, s_rows, chunk_layout(small, 1, [0, 1]))]) == "own"
+    assert choose_reads([TensorReads("s", 4, s_rows, chunk_layout(small, 1, [0, 1]))]) == "once"
+    # the same as rows: each chunk is one rank's
+    assert choose_reads([TensorReads("s", 4, s_rows, chunk_layout(small, 0, [0, 1]))]) == "own"
     # a pre-resharded checkpoint: each saved chunk is one rank's box
     assert choose_reads([TensorReads("w", 4, tuple(s.box for s in cols2.shards), cols2)]) == "own"
     # an empty tensor replicated: nothing to read twice
@@ -187,13 +191,20 @@ def test_auto_on_local_storage_takes_the_cheaper_mode_and_own_on_a_tie() -> None
         # replicated on 4: own reads 32 MiB a rank, once moves 24 MiB to each
         "replicated on 4": (Layout(LARGE, [Shard(whole, r) for r in range(4)]), "own", "once"),
         # 8 column ranks of 512-byte runs: own reads 32 MiB a rank for the 4 MiB it wants,
-        # once reads 4 MiB a rank and moves 3.5 MiB to each (21 MiB at 6x): once is cheaper
-        "rows -> 8 column ranks": (chunk_layout(LARGE, 1, list(range(8))), "once", "once"),
+        # once reads 4 MiB a rank and moves 3.5 MiB to each (21 MiB at 6x), and its exchange
+        # counts 16 MiB: own is cheaper; at 128 MiB own reads 128 MiB, once 16 + 6 x 14 + 16
+        "rows -> 8 column ranks": (chunk_layout(LARGE, 1, list(range(8))), "own", "once"),
+        "rows -> 8 column ranks, 128 MiB": (chunk_layout(HUGE, 1, list(range(8))), "once", "once"),
         # long runs of each rank's own: nothing is read twice, nothing to choose
         "rows -> 2 row ranks": (chunk_layout(LARGE, 0, [0, 1]), "own", "own"),
     }
     for name, (dst, local, shared) in cases.items():
-        t = [TensorReads("w", 4, rows4, dst)]
+        rows = (
+            rows4
+            if dst.shape == LARGE
+            else tuple(s.box for s in chunk_layout(dst.shape, 0, [0, 1, 2, 3]).shards)
+        )
+        t = [TensorReads("w", 4, rows, dst)]
         world = len(set(dst.ranks))
         own, once = load_reads.read_costs(t, world)
         assert choose_reads(t, "local", world) == local, (name, own, once)
@@ -204,7 +215,8 @@ def test_auto_on_local_storage_takes_the_cheaper_mode_and_own_on_a_tie() -> None
     # elements; once reads 32 MiB / 8 and moves 7/8 of each rank's 4 MiB
     t = [TensorReads("w", 4, rows4, chunk_layout(LARGE, 1, list(range(8))))]
     span = (2047 * 1024 + 128) * 4
-    assert load_reads.read_costs(t, 8) == (4 * span, (4 << 20) + 6 * ((4 << 20) * 7 // 8))
+    once = (4 << 20) + 6 * ((4 << 20) * 7 // 8) + (16 << 20)
+    assert load_reads.read_costs(t, 8) == (4 * span, once)
     # a tie goes to own: moving is the riskier cost (the other ranks' network, memory)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(load_reads, "read_costs", lambda *_: (5, 5))
@@ -213,6 +225,33 @@ def test_auto_on_local_storage_takes_the_cheaper_mode_and_own_on_a_tie() -> None
         assert choose_reads(t, "local", 8) == "once"
     with pytest.raises(ValueError, match="storage must be one of"):
         choose_reads(t, "nfs", 8)
+
+
+@pytest.mark.rule("CKPT-25")
+def test_auto_on_local_storage_counts_the_small_chunks_each_mode_reads() -> None:
+    # 48 x 40 float32 saved as 4 row chunks of 1,920 bytes, loaded as columns on 2 ranks.
+    # own: a rank's 960 columns' bytes of each chunk, read with the rest of the chunk (960
+    # more), 4 chunks at 256 KiB each; once: half the bytes, 2 chunks, moving half a rank's
+    # 3,840 bytes at 6x, and 16 MiB for its exchange
+    small = (48, 40)
+    rows = tuple(s.box for s in chunk_layout(small, 0, [0, 1, 2, 3]).shards)
+    t = TensorReads("s", 4, rows, chunk_layout(small, 1, [0, 1]))
+    own = 3840 + 4 * 960 + 4 * (256 << 10)
+    once = 3840 + 2 * (256 << 10) + 6 * 1920 + (16 << 20)
+    assert load_reads.read_costs([t], 2) == (own, once)
+    assert choose_reads([t], "local", 2) == "own"  # one tensor: the exchange costs more
+    # 2,000 of them: 8,000 chunks a rank against 4,000 and the exchange once
+    many = [TensorReads(f"s{i}", 4, rows, t.dst) for i in range(2000)]
+    own_many = 2000 * own
+    once_many = 2000 * 3840 + 4000 * (256 << 10) + 6 * 2000 * 1920 + (16 << 20)
+    assert load_reads.read_costs(many, 2) == (own_many, once_many)
+    assert choose_reads(many, "local", 2) == "once"
+    # chunks past the whole-read size (256 KiB) are read in part: counted by their bytes
+    big = (8192, 40)  # 4 row chunks of 320 KiB, loaded as rows on 2 ranks
+    b_rows = tuple(s.box for s in chunk_layout(big, 0, [0, 1, 2, 3]).shards)
+    tb = TensorReads("b", 4, b_rows, chunk_layout(big, 0, [0, 1]))
+    half = 4096 * 40 * 4
+    assert load_reads.read_costs([tb], 2) == (half, half + 6 * (half // 2) + (16 << 20))
 
 
 @pytest.mark.rule("CKPT-25")

@@ -711,6 +711,37 @@ class _SmallEntries:
                                  int(info.length), t.saved.properties.dtype, tuple(c.sizes),
                                  pieces)  # fmt: skip
 
+    def stacked(self, stack: Target, si: int, first: int, parts: Sequence[Any]) -> list[Any]:
+        """Saved chunk ``si`` of the stack's members ``first``, ``first + 1``, ... read whole
+        into ``parts`` (one a member), as :mod:`.chunk_spans` reads them, None for a member
+        it cannot read: :meth:`chunk` of each, from the geometry the members share and each
+        one's storage entry alone."""
+        head = stack.members[0]
+        c = head.saved.chunks[si]
+        offsets, sizes = tuple(c.offsets), tuple(c.sizes)
+        dtype = head.saved.properties.dtype
+        zeros = (0,) * len(sizes)
+        piece, small, at_name = self._piece, self._small_chunk, self._at_name
+        out: list[Any] = []
+        for m, part in zip(stack.members[first:], parts):
+            entry: Any = None
+            if self._columns is not None:
+                f, offset, length = self._columns.row(m.key, si)
+                if f >= 0 and length <= WHOLE_ITEM_BYTES:
+                    entry = (at_name(m.key, offsets, si), self._path(f), offset, length)
+            else:
+                found = self._at.get((m.key, offsets))
+                if found is not None and self._small_entry(found[1]):
+                    index, info = found
+                    entry = (index, self._path(info.relative_path), int(info.offset),
+                             int(info.length))  # fmt: skip
+            out.append(
+                None
+                if entry is None
+                else small(*entry, dtype, sizes, [piece(part, zeros, zeros, sizes)])
+            )
+        return out
+
     def chunks_of(self, t: Target, boxes: Sequence[Box]) -> list[Any] | None:
         """The saved chunks of ``t`` that ``boxes`` (this rank's) overlap, with the pieces each
         fills, when all are small plain DCP chunks (:mod:`.chunk_spans`); else None."""
@@ -818,10 +849,12 @@ def _read_once(
             held.setdefault(run.key, []).append(buf)
             sizes = run.box.sizes[1:]
             zeros = (0,) * len(sizes)
-            for m, part in zip(t.members[run.box.offsets[0] :], buf.unbind(0)):
+            first = run.box.offsets[0]
+            parts = buf.unbind(0)
+            chunks = entries.stacked(t, run.chunk, first, parts)
+            for m, part, c in zip(t.members[first:], parts, chunks):
                 mine = views.setdefault(m.key, [])
                 mine.append(part)
-                c = entries.chunk(m, run.chunk, [Piece(part, zeros, zeros, sizes)])
                 where = (m.key, len(mine) - 1, run.chunk, zeros, sizes)
                 if c is None:
                     items.append(_run_item(m, *where[1:]))

@@ -297,6 +297,12 @@ class ColumnStorage(Mapping[Any, Any]):
         offsets, sizes = chunks.arrays
         return offsets[positions].tolist(), sizes[positions].tolist(), entries[positions].tolist()
 
+    def row(self, fqn: str, position: int) -> list[int]:
+        """The entry of chunk ``position`` of ``fqn`` as :meth:`rows` gives it, alone: (file
+        number, offset, length)."""
+        out: list[int] = self._per[fqn][1][position].tolist()
+        return out
+
     def file(self, number: int) -> str:
         """The relative path of file ``number`` of :meth:`rows`."""
         return self._files[number]

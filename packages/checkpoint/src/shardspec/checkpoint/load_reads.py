@@ -27,6 +27,8 @@ from shardspec.metadata.columns import INT_LIMIT
 from shardspec.reshard.index import BoxIndex
 
 __all__ = [
+    "CHUNK_COST",
+    "EXCHANGE_COST",
     "MIN_RUN_BYTES",
     "MOVE_COST",
     "STACK_PARTS",
@@ -54,6 +56,17 @@ STORAGE = ("local", "shared")
 # page-cached files in 0.085 s (5.7x; spec/09-checkpoint.md, "Measured"). Measured on gloo
 # over loopback only; NCCL's ratio is not measured here.
 MOVE_COST = 6
+# On local storage reads="auto" counts, for every saved chunk a rank reads whole (one of at most
+# WHOLE_ITEM_BYTES: "own" reads such a chunk whole for any part of it, CKPT-14), this many
+# bytes beside the chunk's own: what a chunk costs in Python (its entry found, its bytes
+# located, its pieces copied: some 25 us, about the time of 256 KiB of page-cached reading).
+# 2,000 tensors of 4 chunks loaded as columns on 4 ranks: "own" 8,000 chunks a rank, 0.40 s;
+# "once" 2,000, 0.33 s (spec/09-checkpoint.md, "Measured").
+CHUNK_COST = 256 * 1024
+# And "once" counts this many for its exchange's fixed costs (its agreements and collectives:
+# one small tensor loaded on 4 gloo ranks took 2-8 ms more with "once", spec "Measured"), so
+# that a few small tensors stay with "own".
+EXCHANGE_COST = 16 * 1024 * 1024
 # A stacked chunk is cut into runs of at most a fair share over this.
 STACK_PARTS = 8
 # A saved chunk is cut into row runs only down to this size: shorter reads cost more in calls
@@ -255,12 +268,13 @@ def _strided(chunks: tuple[Box, ...], dst: Layout, itemsize: int) -> bool:
     return False
 
 
-def _rereads(tensors: Sequence[TensorReads]) -> bool:
+def _rereads(tensors: Sequence[TensorReads], world: int) -> bool:
     """Whether ``"own"`` would read some saved bytes more than once across the job: a
-    non-empty destination box held by more than one rank (read once per holder), or a read
+    non-empty destination box held by more than one rank (read once per holder), a read
     of at least :data:`STRIDED_MIN_BYTES` in contiguous runs shorter than
     :data:`STRIDED_RUN_BYTES` of its saved chunk (read by its whole span, which the ranks
-    holding the rest of that span read too)."""
+    holding the rest of that span read too), or a chunk it reads whole (:func:`_whole_reads`)
+    that boxes of two ranks overlap."""
     for t in tensors:
         if t.dst.numel == 0:
             continue
@@ -268,7 +282,65 @@ def _rereads(tensors: Sequence[TensorReads]) -> bool:
             return True
         if t.dst.numel * t.itemsize >= STRIDED_MIN_BYTES and _strided_of(t):
             return True
+        whole = _whole_reads(t, world)
+        if whole is not None and whole.shared:
+            return True
     return False
+
+
+@dataclass(frozen=True)
+class _WholeReads:
+    """What ``"own"`` reads of one tensor's small saved chunks (of at most
+    ``WHOLE_ITEM_BYTES``, each read whole for any part of it), per rank of the job."""
+
+    shared: bool  # some such chunk overlaps boxes of two ranks
+    excess: tuple[int, ...]  # bytes read beyond the rank's boxes: the rest of those chunks
+    touched: tuple[int, ...]  # such chunks the rank reads
+    chunks: int  # the tensor's non-empty such chunks
+
+
+# _whole_reads by geometry (saved chunks, destination, element size, world): a model's layers
+# share theirs, and a load asks of every tensor.
+_WHOLE_READS: dict[tuple[Any, ...], _WholeReads | None] = {}
+_WHOLE_READS_MAX = 4096
+
+
+def _whole_reads(t: TensorReads, world: int) -> _WholeReads | None:
+    """What ``"own"`` reads whole of ``t``'s small saved chunks, or None for a tensor every
+    rank of ``world`` holds whole (its reads are counted by its boxes: a chunk is all of the
+    rank's for each rank)."""
+    from .dcp_reader import WHOLE_ITEM_BYTES
+
+    chunks = t.chunks.fingerprint() if isinstance(t.chunks, Layout) else t.chunks
+    key = (chunks, t.dst.fingerprint(), t.itemsize, world)
+    if key in _WHOLE_READS:
+        return _WHOLE_READS[key]
+    boxes, holders, index = _holders(t.dst)
+    found: _WholeReads | None = None
+    whole = Box((0,) * t.dst.ndim, t.dst.shape)
+    if not (len(t.dst) == world and boxes == (whole,) and holders[0] == tuple(range(world))):
+        excess, touched = [0] * world, [0] * world
+        shared, count = False, 0
+        for c in t.boxes:
+            size = c.numel * t.itemsize
+            if c.is_empty or size > WHOLE_ITEM_BYTES:
+                continue
+            count += 1
+            over: dict[int, int] = {}
+            for pos, _, sizes in index.query_clipped(c):
+                n = math.prod(sizes)
+                for r in holders[pos]:
+                    if r < world:
+                        over[r] = over.get(r, 0) + n
+            shared |= len(over) > 1
+            for r, n in over.items():
+                touched[r] += 1
+                excess[r] += size - n * t.itemsize
+        found = _WholeReads(shared, tuple(excess), tuple(touched), count)
+    if len(_WHOLE_READS) >= _WHOLE_READS_MAX:
+        _WHOLE_READS.clear()
+    _WHOLE_READS[key] = found
+    return found
 
 
 def read_costs(tensors: Sequence[TensorReads], world: int) -> tuple[int, int]:
@@ -280,11 +352,17 @@ def read_costs(tensors: Sequence[TensorReads], world: int) -> tuple[int, int]:
     from the part's first element to its last (the reader reads the pages between).
     ``once``: the needed bytes (each distinct non-empty destination box's) over ``world``, plus
     the most any rank receives: the bytes of its boxes that another rank read, counted as
-    ``(world - 1) / world`` of them (the runs are spread evenly over the ranks)."""
+    ``(world - 1) / world`` of them (the runs are spread evenly over the ranks).
+    Of a tensor not every rank holds whole, a saved chunk of at most ``WHOLE_ITEM_BYTES``
+    (:func:`_whole_reads`) counts for ``own`` whole (all its bytes, for every rank whose boxes
+    overlap it) and :data:`CHUNK_COST` more for each such rank; for ``once``
+    :data:`CHUNK_COST` for each, over ``world`` (each is read by one rank). ``once`` counts
+    :data:`EXCHANGE_COST` more, once."""
     w = max(world, 1)
     own = [0] * w
     got = [0] * w
     needed = 0
+    chunks = 0
     for t in tensors:
         if t.dst.numel == 0:
             continue
@@ -294,10 +372,15 @@ def read_costs(tensors: Sequence[TensorReads], world: int) -> tuple[int, int]:
         extra = [0] * w
         if t.dst.numel * t.itemsize >= STRIDED_MIN_BYTES and len(t.dst) < _ARRAYS_FROM:
             extra = _span_excess(t, w)
+        whole = _whole_reads(t, w)
+        if whole is not None:
+            chunks += whole.chunks
+            extra = [e + x + CHUNK_COST * n for e, x, n in zip(extra, whole.excess, whole.touched)]
         for r in range(w):
             own[r] += per[r] + extra[r]
             got[r] += per[r] * (w - 1) // w
-    return max(own), math.ceil(needed / w) + MOVE_COST * max(got)
+    once = math.ceil(needed / w) + CHUNK_COST * math.ceil(chunks / w) + MOVE_COST * max(got)
+    return max(own), once + EXCHANGE_COST
 
 
 def _bytes_per_rank(dst: Layout, itemsize: int, world: int) -> list[int]:
@@ -360,7 +443,8 @@ def choose_reads(
 ) -> str:
     """What ``reads="auto"`` does (CKPT-25). Nothing to choose unless ``"own"`` would read some
     saved bytes more than once across the job (:func:`_rereads`: replicas, long strided
-    reads): else ``"own"``, which reads each needed byte once and moves none. When it would:
+    reads, small chunks it reads whole for two ranks' parts): else ``"own"``, which reads
+    each needed byte once and moves none. When it would:
 
     * ``storage="shared"`` (a network or parallel file system, whose bandwidth the whole job
       shares): ``"once"``, which reads each needed byte once;
@@ -370,12 +454,12 @@ def choose_reads(
     """
     if storage not in STORAGE:
         raise ValueError(f"storage must be one of {STORAGE}, got {storage!r}")
-    if not _rereads(tensors):
+    if world is None:
+        world = 1 + max((max(t.dst.ranks, default=0) for t in tensors), default=0)
+    if not _rereads(tensors, world):
         return "own"
     if storage == "shared":
         return "once"
-    if world is None:
-        world = 1 + max((max(t.dst.ranks, default=0) for t in tensors), default=0)
     own, once = read_costs(tensors, world)
     return "once" if once < own else "own"
 

@@ -496,6 +496,7 @@ def _per_rank_memo(fn: Callable[..., Any]) -> Callable[..., Any]:
 def measure_scale(tmp: Path, worlds: tuple[int, ...], dcp_upto: int) -> list[dict[str, Any]]:
     import shardspec.checkpoint.collective_load as load_module
     import shardspec.checkpoint.dcp as dcp_module
+    import shardspec.checkpoint.load_exchange as exchange_module
     import shardspec.checkpoint.load_reads as reads_module
     import shardspec.metadata.dtensor as dtensor_module
     from shardspec.testing.simulated import get_simulated_pool, shutdown_simulated
@@ -510,10 +511,14 @@ def measure_scale(tmp: Path, worlds: tuple[int, ...], dcp_upto: int) -> list[dic
         dcp_module._CHECKED,
         dcp_module._INDEXES,
         reads_module._REPLICATED,
+        reads_module._WHOLE_READS,
+        exchange_module._WHOLE,
     )
     dtensor_module._cached_mesh_layout = _per_rank_memo(dtensor_module.mesh_layout)  # type: ignore[assignment]
     dcp_module._CHECKED, dcp_module._INDEXES = _PerRank(), _PerRank()  # type: ignore[assignment]
     reads_module._REPLICATED = _PerRank()  # type: ignore[assignment]
+    reads_module._WHOLE_READS = _PerRank()  # type: ignore[assignment]
+    exchange_module._WHOLE = _PerRank()  # type: ignore[assignment]
     try:
         for w in worlds:
             path = str(tmp / f"sim-{w}")
@@ -540,6 +545,8 @@ def measure_scale(tmp: Path, worlds: tuple[int, ...], dcp_upto: int) -> list[dic
             dcp_module._CHECKED,
             dcp_module._INDEXES,
             reads_module._REPLICATED,
+            reads_module._WHOLE_READS,
+            exchange_module._WHOLE,
         ) = saved  # type: ignore[assignment]
         shutdown_simulated()
     return rows

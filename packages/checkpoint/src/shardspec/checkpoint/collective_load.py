@@ -724,22 +724,22 @@ class _SmallEntries:
         piece, small, at_name = self._piece, self._small_chunk, self._at_name
         out: list[Any] = []
         for m, part in zip(stack.members[first:], parts):
-            entry: Any = None
+            index: Any = None
             if self._columns is not None:
                 f, offset, length = self._columns.row(m.key, si)
                 if f >= 0 and length <= WHOLE_ITEM_BYTES:
-                    entry = (at_name(m.key, offsets, si), self._path(f), offset, length)
+                    index, where = at_name(m.key, offsets, si), self._path(f)
             else:
                 found = self._at.get((m.key, offsets))
                 if found is not None and self._small_entry(found[1]):
                     index, info = found
-                    entry = (index, self._path(info.relative_path), int(info.offset),
-                             int(info.length))  # fmt: skip
-            out.append(
-                None
-                if entry is None
-                else small(*entry, dtype, sizes, [piece(part, zeros, zeros, sizes)])
-            )
+                    where, offset, length = (self._path(info.relative_path), int(info.offset),
+                                             int(info.length))  # fmt: skip
+            if index is None:
+                out.append(None)
+                continue
+            parts_of = [piece(part, zeros, zeros, sizes)]
+            out.append(small(index, where, offset, length, dtype, sizes, parts_of))
         return out
 
     def chunks_of(self, t: Target, boxes: Sequence[Box]) -> list[Any] | None:
@@ -852,12 +852,12 @@ def _read_once(
             first = run.box.offsets[0]
             parts = buf.unbind(0)
             chunks = entries.stacked(t, run.chunk, first, parts)
-            for m, part, c in zip(t.members[first:], parts, chunks):
-                mine = views.setdefault(m.key, [])
+            for member, part, c in zip(t.members[first:], parts, chunks):
+                mine = views.setdefault(member.key, [])
                 mine.append(part)
-                where = (m.key, len(mine) - 1, run.chunk, zeros, sizes)
+                where = (member.key, len(mine) - 1, run.chunk, zeros, sizes)
                 if c is None:
-                    items.append(_run_item(m, *where[1:]))
+                    items.append(_run_item(member, *where[1:]))
                 else:
                     small.append(c)
                     spanned.append(where)

@@ -303,6 +303,7 @@ class _WholeReads:
 # share theirs, and a load asks of every tensor.
 _WHOLE_READS: dict[tuple[Any, ...], _WholeReads | None] = {}
 _WHOLE_READS_MAX = 4096
+_NOT_CACHED: Any = object()
 
 
 def _whole_reads(t: TensorReads, world: int) -> _WholeReads | None:
@@ -313,8 +314,9 @@ def _whole_reads(t: TensorReads, world: int) -> _WholeReads | None:
 
     chunks = t.chunks.fingerprint() if isinstance(t.chunks, Layout) else t.chunks
     key = (chunks, t.dst.fingerprint(), t.itemsize, world)
-    if key in _WHOLE_READS:
-        return _WHOLE_READS[key]
+    hit = _WHOLE_READS.get(key, _NOT_CACHED)
+    if hit is not _NOT_CACHED:
+        return hit  # type: ignore[no-any-return]
     boxes, holders, index = _holders(t.dst)
     found: _WholeReads | None = None
     whole = Box((0,) * t.dst.ndim, t.dst.shape)

@@ -205,26 +205,26 @@ def _unstack(stack: Target, staged: Sequence[torch.Tensor]) -> None:
     of the stack, in its destination's order)."""
     import torch
 
-    dsts: dict[torch.device, list[torch.Tensor]] = {}
-    srcs: dict[torch.device, list[torch.Tensor]] = {}
     with torch.no_grad():
         for bi, box in enumerate(staged):
-            for m, part in zip(stack.members, box.unbind(0)):
-                out = m.outs[bi]
-                # a conj or neg view, a subclass, another device: one copy_ each, which
-                # resolves them (the fused copy takes plain tensors of one device)
-                if (
-                    type(out) is torch.Tensor
-                    and out.device == part.device
-                    and not out.is_conj()
-                    and not out.is_neg()
-                ):
-                    dsts.setdefault(out.device, []).append(out)
-                    srcs.setdefault(out.device, []).append(part)
-                else:
-                    out.copy_(part)
-        for dev, ds in dsts.items():
-            torch._foreach_copy_(ds, srcs[dev])
+            parts = box.unbind(0)
+            outs = [m.outs[bi] for m in stack.members]
+            dev = box.device
+            # the fused copy takes plain tensors of the box's device; a conj or neg view, a
+            # subclass, another device: one copy_ each, which resolves them
+            fused = [
+                type(o) is torch.Tensor and o.device == dev and not o.is_conj() and not o.is_neg()
+                for o in outs
+            ]
+            if all(fused):
+                torch._foreach_copy_(outs, list(parts))
+                continue
+            pairs = [(o, p) for o, p, f in zip(outs, parts, fused) if f]
+            if pairs:
+                torch._foreach_copy_([o for o, _ in pairs], [p for _, p in pairs])
+            for o, p, f in zip(outs, parts, fused):
+                if not f:
+                    o.copy_(p)
 
 
 # whole_on_every_rank by the layout's identity (the tensors of one geometry share their

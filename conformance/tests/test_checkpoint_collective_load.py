@@ -12,6 +12,7 @@ finding bytes of its size) is refused on every rank with the same error naming t
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import os
 import re
@@ -361,12 +362,14 @@ def test_a_collective_load_gives_every_rank_the_reference_or_fails_on_all(
     impl: Impl, pools: Any, c: dict[str, Any]
 ) -> None:
     t, load = c["tensor"], c["load"]
-    copies = c.get("copies", 0)
-    ex = _describe(c)
+    # an adapter written before tensors of one geometry were drawn runs each case alone
+    copies = c.get("copies", 0) if _takes_copies(impl) else 0
+    ex = _describe({**c, "copies": copies})
+    extra = {"copies": copies} if copies else {}
     with case():
         results = impl.checkpoint_collective_load(
             pools(c["save_world"]), pools(c["load_world"]), c["saved"], t, load, c["reads"],
-            c["damage"], ex, storage=c.get("storage"), copies=copies,
+            c["damage"], ex, storage=c.get("storage"), **extra,
         )  # fmt: skip
         errors = [r.value["error"] for r in results]
         if c["damage"] is not None:
@@ -412,6 +415,12 @@ def test_a_collective_load_gives_every_rank_the_reference_or_fails_on_all(
             for r, s in zip(results, stats):
                 assert_equal(f"rank{r.rank}.tensor bytes read", s["data_bytes"],
                              (copies + 1) * _mine(t, load, r.rank), ex)  # fmt: skip
+
+
+def _takes_copies(impl: Any) -> bool:
+    """Whether the adapter's collective load takes ``copies`` (or any keyword)."""
+    params = inspect.signature(impl.checkpoint_collective_load).parameters.values()
+    return any(p.name == "copies" or p.kind is p.VAR_KEYWORD for p in params)
 
 
 def _check_failed_everywhere(errors: list[str | None], damage: str, ex: str) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from shardspec.checkpoint import load_stacks
 from shardspec.checkpoint.load_exchange import Target, replicated
 from shardspec.checkpoint.load_stacks import MEMBER_BYTES, STACK_KEY, stack_targets
 from shardspec.metadata import Box, Layout, Shard, chunk_layout
@@ -65,3 +66,15 @@ def test_what_does_not_stack() -> None:
         "order-1", "order-2", "big-1", "big-2", "whole-1", "whole-2", "empty-1", "empty-2",
         "chunks-1", "chunks-2",
     ]  # fmt: skip
+
+
+@pytest.mark.rule("CKPT-24")
+def test_a_geometry_past_the_stack_size_makes_several_stacks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(load_stacks, "STACK_BYTES", 3 * 24 * 4)  # three 6 x 4 float32 tensors
+    ts = [target(f"t{i}") for i in range(7)]
+    # 3, 3, and one left alone
+    assert keys(stack_targets(ts, 2)) == [["t0", "t1", "t2"], ["t3", "t4", "t5"], "t6"]
+    monkeypatch.setattr(load_stacks, "STACK_BYTES", 1)  # never fewer than two a stack
+    assert keys(stack_targets(ts[:5], 2)) == [["t0", "t1"], ["t2", "t3"], "t4"]

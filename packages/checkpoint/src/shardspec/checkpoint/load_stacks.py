@@ -24,18 +24,23 @@ from shardspec.metadata import Box, Layout, Shard
 from .dcp_reader import WHOLE_ITEM_BYTES
 from .load_exchange import Target, whole_on_every_rank
 
-__all__ = ["MEMBER_BYTES", "STACK_KEY", "stack_targets"]
+__all__ = ["MEMBER_BYTES", "STACK_BYTES", "STACK_KEY", "stack_targets"]
 
 # The keys of stacks, which no fqn starts with.
 STACK_KEY = "\0stack:"
 # A tensor joins a stack up to this size: each of its saved chunks is then read whole by
 # chunk_spans, and above it a tensor's bytes, not its Python, are what it costs.
 MEMBER_BYTES = WHOLE_ITEM_BYTES
+# A stack holds members of at most this many bytes together (the rest of a geometry makes
+# more stacks): its runs and this rank's boxes of it are new memory beside the destinations,
+# and under NCCL one key of an exchange batch.
+STACK_BYTES = 64 << 20
 
 
 def stack_targets(targets: Sequence[Target], world: int) -> list[Target]:
     """``targets`` with the small tensors of each geometry shared by two or more replaced by
-    one stacked target (at the place of its first member; its ``members`` in their order)."""
+    stacked targets of at most :data:`STACK_BYTES` together (each at the place of its first
+    member; its ``members`` in their order)."""
     by_geometry: dict[tuple[object, ...], list[int]] = {}
     for i, t in enumerate(targets):
         nbytes = t.dst.numel * t.saved.properties.dtype.itemsize
@@ -48,7 +53,14 @@ def stack_targets(targets: Sequence[Target], world: int) -> list[Target]:
             t.dst.fingerprint(),
         )
         by_geometry.setdefault(geometry, []).append(i)
-    first: dict[int, list[int]] = {ix[0]: ix for ix in by_geometry.values() if len(ix) > 1}
+    first: dict[int, list[int]] = {}
+    for ix in by_geometry.values():
+        t = targets[ix[0]]
+        nbytes = t.dst.numel * t.saved.properties.dtype.itemsize
+        most = max(2, STACK_BYTES // nbytes)
+        for k in range(0, len(ix), most):
+            if len(ix[k : k + most]) > 1:
+                first[ix[k]] = ix[k : k + most]
     taken = {i for ix in first.values() for i in ix}
     out: list[Target] = []
     for i, t in enumerate(targets):

@@ -315,6 +315,9 @@ SHARED_SMALL_CHUNKS_LOCAL = {
     "copies": 24,
 }
 ONE_SHARED_SMALL_CHUNKS_LOCAL = {**SHARED_SMALL_CHUNKS_LOCAL, "copies": 0}
+# 4 tensors of 80 row chunks read once on 4 ranks: the metadata travels as columns (CKPT-23),
+# where each member's storage entry of a stack is one row of them.
+STACKED_ONCE_ON_4 = {**MANY_CHUNKS_ON_4, "reads": "once", "copies": 3}
 
 
 def _examples(test: Any) -> Any:
@@ -335,6 +338,7 @@ def _examples(test: Any) -> Any:
         STACKED_ONCE,
         SHARED_SMALL_CHUNKS_LOCAL,
         ONE_SHARED_SMALL_CHUNKS_LOCAL,
+        STACKED_ONCE_ON_4,
         MANY_CHUNKS,
         MANY_CHUNKS_ON_4,
         INDEXED_CHUNKS_ON_4,

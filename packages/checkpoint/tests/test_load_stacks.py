@@ -78,3 +78,18 @@ def test_a_geometry_past_the_stack_size_makes_several_stacks(
     assert keys(stack_targets(ts, 2)) == [["t0", "t1", "t2"], ["t3", "t4", "t5"], "t6"]
     monkeypatch.setattr(load_stacks, "STACK_BYTES", 1)  # never fewer than two a stack
     assert keys(stack_targets(ts[:5], 2)) == [["t0", "t1"], ["t2", "t3"], "t4"]
+
+
+@pytest.mark.rule("CKPT-24")
+def test_whole_on_every_rank_answers_alike_past_its_cache_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from shardspec.checkpoint import load_exchange
+
+    monkeypatch.setattr(load_exchange, "_WHOLE", {})
+    monkeypatch.setattr(load_exchange, "_WHOLE_MAX", 2)
+    layouts = [replicated((6, 4), 2), COLS, replicated((3,), 2), ROWS, replicated((6, 4), 3)]
+    want = [True, False, True, False, False]  # the last: held by 3 ranks, not the 2 asked
+    for _ in range(2):  # first computed, then partly from the cache, emptied along the way
+        assert [load_exchange.whole_on_every_rank(x, 2) for x in layouts] == want
+    assert len(load_exchange._WHOLE) <= 2

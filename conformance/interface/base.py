@@ -119,7 +119,19 @@ class Adapter:
 
     # What the areas' default methods share: running one of the suite's own rank operations
     # with this adapter's code (``via``), and a DCP save of a layout's boxes.
-    def _run_via(self, what: str, pool: Any, op: str, args: dict[str, Any], **kw: Any) -> Any:
+    def _run_via(
+        self,
+        what: str,
+        pool: Any,
+        op: str,
+        args: dict[str, Any],
+        *,
+        taking_part: int | None = None,
+        **kw: Any,
+    ) -> Any:
+        """``op`` on the pool ``via`` this adapter's code; ``taking_part``: how many of the
+        pool's ranks the call runs on (default all), each of which must refuse for a
+        conversion torch cannot make to count as Unsupported."""
         if self.via is None:
             raise self.unsupported(what)
         if getattr(pool, "single_program", False) and self.via != "torch":
@@ -139,7 +151,8 @@ class Adapter:
             # Every rank refused to convert (CONVERT-5): a layout no torch type can hold, not
             # a wrong answer. Any other failure, or a refusal on some ranks only, stands.
             refusals = [f for f in e.failures if f.type_name.endswith("ConversionError")]
-            if refusals and len(refusals) == pool.world_size == len(e.failures):
+            taking = pool.world_size if taking_part is None else taking_part
+            if refusals and len(refusals) == taking == len(e.failures):
                 reason = e.failures[0].message
                 raise self.unsupported(f"{what}: torch's types cannot hold it: {reason}") from None
             raise

@@ -32,6 +32,8 @@ class CollectiveLoad(Adapter):
         example: str,
         storage: str | None = None,
         copies: int = 0,
+        max_buffer_bytes: int | None = None,
+        thread_count: int | None = None,
     ) -> list[Any]:
         """A real ``dcp.save`` on ``save_pool``'s ranks of ``{"t": ShardedTensor of saved's
         boxes of tensor, "v": {"n": 7}, "w": 5}`` (with ``copies`` k, also ``"t1"`` ..
@@ -47,30 +49,117 @@ class CollectiveLoad(Adapter):
         ``load_pool``'s ranks into ``{"t": load, "v": {"n": 0}, "w": 0}`` (``load`` as in
         :meth:`checkpoint_round_trip`, or ``{"kind": "plain"}``: a plain tensor on every rank)
         with ``reads`` (and ``storage``, what ``reads="auto"`` is told of the storage, when not
-        None: CKPT-25). Per load rank a RankResult whose value holds ``error`` (what the rank
+        None: CKPT-25; ``max_buffer_bytes`` and ``thread_count``, the load's bound on its
+        exchange buffers and its reading threads, when the implementation has them). Per load
+        rank a RankResult whose value holds ``error`` (what the rank
         raised, or None), ``value`` (``{"v": ..., "w": ...}`` as loaded), ``stats``
         (``reads``, ``data_bytes``, ``value_bytes``, ``ranges``: (file, start, stop) of each
         byte range read, or None when the implementation does not say) and whose tensors are
         its local tensors after the load."""
+        options = {"max_buffer_bytes": max_buffer_bytes, "thread_count": thread_count}
+        return self._collective_load(
+            "collective load", save_pool, load_pool, None, saved, tensor, load, reads, damage,
+            example, storage, copies, {k: v for k, v in options.items() if v is not None},
+        )  # fmt: skip
+
+    def checkpoint_collective_load_disagreeing(
+        self,
+        save_pool: Any,
+        load_pool: Any,
+        saved: Layout,
+        tensor: Any,
+        load: dict[str, Any],
+        reads: str,
+        max_buffer_bytes: int | None,
+        odd: dict[str, Any],
+        example: str,
+    ) -> list[Any]:
+        """:meth:`checkpoint_collective_load` (no damage, no copies) where the load's rank
+        ``odd["rank"]`` alone passes another read mode (``odd["reads"]``) or buffer bound
+        (``odd["max_buffer_bytes"]``) than the others' ``reads`` and ``max_buffer_bytes``, or
+        leaves the value ``odd["drop"]`` (``"v"`` or ``"w"``) out of its state dict (CKPT-26:
+        the ranks disagree). A RankResult per load rank as there (``value`` without the key
+        dropped)."""
+        if self.via != "shardspec":
+            raise self.unsupported(
+                "ranks that disagree on a collective load: dcp.load has no read modes and no "
+                "buffer bound, and lets each rank load its own keys"
+            )
+        options: dict[str, Any] = {"odd": odd}
+        if max_buffer_bytes is not None:
+            options["max_buffer_bytes"] = max_buffer_bytes
+        return self._collective_load(
+            "collective load with a rank that disagrees", save_pool, load_pool, None, saved,
+            tensor, load, reads, None, example, None, 0, options,
+        )  # fmt: skip
+
+    def checkpoint_collective_load_on(
+        self,
+        save_pool: Any,
+        load_pool: Any,
+        members: list[int],
+        saved: Layout,
+        tensor: Any,
+        load: dict[str, Any],
+        reads: str,
+        damage: str | None,
+        example: str,
+        storage: str | None = None,
+        copies: int = 0,
+    ) -> list[Any]:
+        """:meth:`checkpoint_collective_load` with the load on the process group of
+        ``members`` (``load_pool``'s ranks, ascending) alone: ``load``'s layout ranks and
+        mesh are that group's (``members[i]`` is its rank i, and the mesh is laid over the
+        members in that order), and the pool's other ranks take no part. A RankResult per
+        pool rank; a non-member's value has ``error``, ``value`` and ``stats`` None, and it
+        has no tensors."""
+        return self._collective_load(
+            "collective load on a subgroup", save_pool, load_pool, members, saved, tensor,
+            load, reads, damage, example, storage, copies, {},
+        )  # fmt: skip
+
+    def _collective_load(
+        self,
+        what: str,
+        save_pool: Any,
+        load_pool: Any,
+        members: list[int] | None,
+        saved: Layout,
+        tensor: Any,
+        load: dict[str, Any],
+        reads: str,
+        damage: str | None,
+        example: str,
+        storage: str | None,
+        copies: int,
+        options: dict[str, Any],
+    ) -> list[Any]:
         import tempfile
 
         if self.via is None:
-            raise self.unsupported("a collective checkpoint load")
+            raise self.unsupported(what)
+        group = list(range(load_pool.world_size)) if members is None else members
         with tempfile.TemporaryDirectory(prefix="shardspec-cload-") as path:
             values = {"v": {"n": 7}, "w": 5}
             self._dcp_save(save_pool, path, saved, tensor, example, copies, values=values)
             if damage is not None:
                 damage_checkpoint(path, damage)
             load_args = {**load, "path": path, "dtype": dtype_name(tensor), "fill": 1,
-                         "reads": reads, "shape": list(tensor.shape)}  # fmt: skip
+                         "reads": reads, "shape": list(tensor.shape), **options}  # fmt: skip
+            if members is not None:
+                load_args["members"] = members
             if storage is not None:
                 load_args["storage"] = storage
             if copies:
                 load_args["copies"] = copies
-            ones = [o * (copies + 1) for o in ones_of(load, tensor, load_pool.world_size)]
+            ones = ones_of(load, tensor, len(group))
+            per_rank = [
+                ones[group.index(r)] * (copies + 1) if r in group else []
+                for r in range(load_pool.world_size)
+            ]
             return self._run_via(  # type: ignore[no-any-return]
-                "collective load", load_pool, "checkpoint.collective_load", load_args,
-                per_rank_tensors=ones, example=example,
+                what, load_pool, "checkpoint.collective_load", load_args,
+                per_rank_tensors=per_rank, example=example, taking_part=len(group),
             )  # fmt: skip
 
     def checkpoint_safetensors_load(

@@ -19,7 +19,14 @@ from typing import Any
 import torch
 
 from conformance.codec import layout_from_json, placements_from_json
-from conformance.ops.shared import dtensor_mesh, layout_check, mesh_check, sharded_tensor_of, via_of
+from conformance.ops.shared import (
+    dtensor_mesh,
+    layout_check,
+    mesh_check,
+    sharded_tensor_of,
+    subgroup,
+    via_of,
+)
 from shardspec.testing.ops import Context, operation
 
 __all__: list[str] = []
@@ -117,13 +124,15 @@ def _check_load(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> N
         raise ValueError(f"kind must be 'sharded' or 'dtensor', got {args['kind']!r}")
 
 
-def _target(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor], via: str) -> Any:
+def _target(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor], via: str, group: Any = None
+) -> Any:
     """What a load fills: a ShardedTensor holding this rank's boxes of ``layout`` (``kind``
     sharded; ``ts`` are its local tensors), or a DTensor of ``fill`` on a ``mesh`` with
     ``placements`` (``kind`` dtensor)."""
     dtype = getattr(torch, args["dtype"])
     if args["kind"] == "sharded":
-        return sharded_tensor_of(ctx, layout_from_json(args["layout"]), dtype, ts, via)
+        return sharded_tensor_of(ctx, layout_from_json(args["layout"]), dtype, ts, via, group)
     return _filled_dtensor(ctx, args, dtype, via)
 
 
@@ -156,14 +165,64 @@ def _load(
 def _check_collective(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> None:
     if args.get("reads") not in ("auto", "own", "once"):
         raise ValueError(f"reads must be auto, own or once, got {args.get('reads')!r}")
+    odd = args.get("odd")
+    if odd is not None:
+        if via_of(args) != "shardspec" or set(odd) - {"rank", "reads", "max_buffer_bytes", "drop"}:
+            raise ValueError(f"odd {odd}: shardspec's, with rank, reads, max_buffer_bytes, drop")
+        if odd.get("drop") not in (None, "v", "w"):
+            raise ValueError(f"odd drop {odd['drop']!r}: 'v' or 'w'")
+    members = args.get("members")
+    if members is not None:
+        if sorted(set(members)) != list(members) or not members or members[-1] >= ctx.world:
+            raise ValueError(f"members {members}: distinct pool ranks, ascending")
+        if args.get("sub") is not None or args.get("odd"):
+            raise ValueError("a load on a subgroup takes no sub-meshes and no odd rank")
+        if ctx.rank not in members:
+            if ts:
+                raise ValueError(f"rank {ctx.rank} is not in the group but got tensors")
+            return
+        args = _on_members(args)
     if args["kind"] != "plain":
         for part in _parts(ts, args):
             _check_load(ctx, args, part)
 
 
+def _on_members(args: dict[str, Any]) -> dict[str, Any]:
+    """A load on the group of ``members`` in pool ranks: the layout's group ranks renamed to
+    the members (group rank i is ``members[i]``: new_group orders them so), the mesh over the
+    members in that order."""
+    from conformance.codec import layout_to_json
+
+    members = list(args["members"])
+    if args["kind"] == "sharded":
+        layout = layout_from_json(args["layout"]).with_ranks(members)
+        return {**args, "layout": layout_to_json(layout)}
+    if args["kind"] == "dtensor":
+        return {**args, "order": members}
+    return args
+
+
 @operation("checkpoint.collective_load", collective=True, check=_check_collective)
 def _collective_load(
     ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
+) -> tuple[Any, list[torch.Tensor]]:
+    """:func:`_collective_load_on` the pool, or with ``members`` (pool ranks, ascending) on
+    the process group of those ranks alone: the layout's ranks and the mesh's are the group's
+    (group rank i is ``members[i]``), and the other ranks take no part (no error, no value,
+    no tensors)."""
+    members = args.get("members")
+    if members is None:
+        return _collective_load_on(ctx, args, ts, None)
+    if args["kind"] == "dtensor":
+        dtensor_mesh(ctx, _on_members(args))  # built by every rank: new_group is the world's
+    with subgroup(ctx, members) as group:
+        if ctx.rank not in members:
+            return {"error": None, "stats": None, "value": None}, []
+        return _collective_load_on(ctx, _on_members(args), ts, group)
+
+
+def _collective_load_on(
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor], group: Any
 ) -> tuple[Any, list[torch.Tensor]]:
     """A collective load of ``path`` into ``{"t": tensor, "v": {"n": 0}, "w": 0}`` (with
     ``copies`` k, also ``"t1"`` .. ``"tk"``, each a tensor as ``t``; ``ts`` holds each one's
@@ -174,9 +233,18 @@ def _collective_load(
     with torch, ``dcp.load`` with DCP's default planner and reader (its only way to read), or
     with its ``HuggingFaceStorageReader``.
     The tensor as in ``checkpoint.load``, or (``kind`` plain) a plain tensor of ``fill`` on
-    every rank. Returns ``error`` (what this rank raised, or None), the loaded value, the
-    rank's load stats (shardspec) and its local tensors after the load."""
+    every rank. Shardspec's load takes ``max_buffer_bytes`` and ``thread_count`` when given
+    (dcp.load has neither: they bound memory and threads, never what is loaded). With ``odd``
+    (shardspec's only), pool rank ``odd["rank"]`` alone passes another ``reads`` or
+    ``max_buffer_bytes``, or leaves the value ``odd["drop"]`` out of its state dict.
+    Returns ``error`` (what this rank raised, or None), the loaded value, the rank's load
+    stats (shardspec) and its local tensors after the load."""
     via = via_of(args)
+    options = {k: args[k] for k in ("reads", "max_buffer_bytes", "thread_count") if k in args}
+    odd = args.get("odd") or {}
+    mine = odd.get("rank") == ctx.rank
+    if mine:
+        options.update({k: odd[k] for k in ("reads", "max_buffer_bytes") if k in odd})
     dtype = getattr(torch, args["dtype"])
     objs: dict[str, Any] = {}
     for key, part in zip(_keys(args), _parts(ts, args)):
@@ -184,18 +252,21 @@ def _collective_load(
             shape = tuple(args["shape"])
             objs[key] = torch.full(shape, args["fill"], dtype=dtype, device=ctx.device)
         else:
-            objs[key] = _target(ctx, args, part, via)
+            objs[key] = _target(ctx, args, part, via, group)
     hf = bool(args.get("safetensors"))
     alone = hf or bool(args.get("tensor_only"))
     sd: dict[str, Any] = dict(objs) if alone else {**objs, "v": {"n": 0}, "w": 0}
+    if mine and odd.get("drop") is not None:
+        del sd[odd["drop"]]
     facts: dict[str, Any] = {"error": None, "stats": None}
     try:
         if via == "shardspec":
             from shardspec.checkpoint.collective_load import load
 
             stats = load(
-                sd, args["path"], reads=args["reads"], trace_reads=True, storage=args.get("storage")
-            )
+                sd, args["path"], group=group, trace_reads=True, storage=args.get("storage"),
+                **options,
+            )  # fmt: skip
             facts["stats"] = {
                 "reads": stats.reads,
                 "storage": stats.storage,
@@ -207,14 +278,15 @@ def _collective_load(
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint import HuggingFaceStorageReader
 
-            dcp.load(sd, storage_reader=HuggingFaceStorageReader(args["path"]))
+            reader = HuggingFaceStorageReader(args["path"])
+            dcp.load(sd, storage_reader=reader, process_group=group)
         else:
             import torch.distributed.checkpoint as dcp
 
-            dcp.load(sd, checkpoint_id=args["path"])
+            dcp.load(sd, checkpoint_id=args["path"], process_group=group)
     except BaseException as e:  # DCP's CheckpointException is a BaseException
         facts["error"] = f"{type(e).__name__}: {e}"
-    facts["value"] = None if alone else {"v": sd["v"], "w": sd["w"]}
+    facts["value"] = None if alone else {k: sd[k] for k in ("v", "w") if k in sd}
     out: list[torch.Tensor] = []
     for obj in objs.values():
         if args["kind"] == "sharded":

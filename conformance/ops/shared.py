@@ -80,16 +80,20 @@ def from_wire(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def mesh_check(ctx: Context, args: dict[str, Any]) -> list[Any]:
-    """The args' torch placements, after checking that ``mesh`` has the pool's ranks and one
-    placement per mesh dim."""
+    """The args' torch placements, after checking that ``mesh`` has the ranks of ``order``
+    (default: the pool's) and one placement per mesh dim."""
     from conformance.codec import placements_from_json
 
     mesh = tuple(args["mesh"])
     n = 1
     for m in mesh:
         n *= m
-    if n != ctx.world:
-        raise ValueError(f"mesh {mesh} has {n} devices but the pool has {ctx.world} ranks")
+    order = args.get("order")
+    ranks = list(range(ctx.world)) if order is None else list(order)
+    if n != len(ranks):
+        raise ValueError(f"mesh {mesh} has {n} devices for the {len(ranks)} ranks {ranks}")
+    if any(not 0 <= r < ctx.world for r in ranks) or len(set(ranks)) != len(ranks):
+        raise ValueError(f"mesh ranks {ranks} are not distinct ranks of the pool's {ctx.world}")
     placements = placements_from_json(args["placements"])
     if len(placements) != len(mesh):
         raise ValueError(f"{len(placements)} placements for a {len(mesh)}-d mesh")
@@ -130,12 +134,18 @@ def via_of(args: dict[str, Any], default: str | None = None) -> str:
 
 
 def sharded_tensor_of(
-    ctx: Context, layout: Layout, dtype: torch.dtype, ts: list[torch.Tensor], via: str
+    ctx: Context,
+    layout: Layout,
+    dtype: torch.dtype,
+    ts: list[torch.Tensor],
+    via: str,
+    group: Any = None,
 ) -> Any:
-    """A ShardedTensor of ``layout`` whose local shards are ``ts`` (this rank's boxes in the
-    layout's order): its global metadata from our ``to_sharded_tensor_metadata`` (no
+    """A ShardedTensor of ``layout`` (pool ranks, as torch's placements name global ranks)
+    whose local shards are ``ts`` (this rank's boxes in the layout's order), on ``group``
+    (default: the world): its global metadata from our ``to_sharded_tensor_metadata`` (no
     communication) ``via`` shardspec, from torch's ``init_from_local_shards`` (which gathers
-    every rank's shard metadata) ``via`` torch."""
+    every rank's shard metadata over the group) ``via`` torch."""
     from torch.distributed._shard.metadata import ShardMetadata
     from torch.distributed._shard.sharded_tensor.api import ShardedTensor
     from torch.distributed._shard.sharded_tensor.shard import Shard as TorchShard
@@ -156,8 +166,10 @@ def sharded_tensor_of(
     try:
         if via == "shardspec":
             md = to_sharded_tensor_metadata(layout, dtype, device=device)
-            return ShardedTensor._init_from_local_shards_and_global_metadata(local, md)
-        return ShardedTensor._init_from_local_shards(local, *layout.shape)
+            return ShardedTensor._init_from_local_shards_and_global_metadata(
+                local, md, process_group=group
+            )
+        return ShardedTensor._init_from_local_shards(local, *layout.shape, process_group=group)
     except ValueError:
         # torch infers a sharding spec from the shards and refuses a valid layout none of
         # its specs can express (zero-size shards inside others, BOX-2): say so as CONVERT-5

@@ -157,14 +157,19 @@ def checkpoint_worlds() -> st.SearchStrategy[int]:
 
 
 @st.composite
-def round_trips(draw: st.DrawFn) -> dict[str, Any]:
-    """A checkpoint saved on one world size and loaded on another (either may be larger):
-    the saved layout any valid one without replicas (chunks, grids, guillotine cuts, several
-    shards on a rank, empty shards, ranks holding nothing), the loaded one the same kind of
-    layout as a ShardedTensor, or a DTensor on a mesh of the load world (up to 3-D, nested
-    and uneven Shard, Replicate)."""
+def round_trips(
+    draw: st.DrawFn,
+    save_worlds: st.SearchStrategy[int] | None = None,
+    load_worlds: st.SearchStrategy[int] | None = None,
+) -> dict[str, Any]:
+    """A checkpoint saved on one world size and loaded on another (either may be larger;
+    each from ``checkpoint_worlds`` unless given): the saved layout any valid one without
+    replicas (chunks, grids, guillotine cuts, several shards on a rank, empty shards, ranks
+    holding nothing), the loaded one the same kind of layout as a ShardedTensor, or a DTensor
+    on a mesh of the load world (up to 3-D, nested and uneven Shard, Replicate)."""
     sizes = checkpoint_worlds()
-    save_world, load_world = draw(sizes), draw(sizes)
+    save_world = draw(sizes if save_worlds is None else save_worlds)
+    load_world = draw(sizes if load_worlds is None else load_worlds)
     shape = draw(shapes(min_dims=1, max_dims=3, max_side=6))
     saved = _one_per_box(_on_ranks(draw(valid_layouts(st.just(shape), replicas=False)), save_world))
     if draw(st.booleans()):

@@ -17,6 +17,7 @@ import itertools
 import os
 import re
 import tempfile
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -58,6 +59,10 @@ def collective_loads(draw: st.DrawFn) -> dict[str, Any]:
     # tensors of the saved one's geometry beside it: read and moved as one stack by
     # reads="once" (CKPT-24), whose runs hold one member or, among many, several
     c["copies"] = draw(st.sampled_from([0, 0, 0, 1, 3, 24]))
+    # the load's options: its exchange's buffers bounded (the moves cut into rounds), and
+    # its reading threads
+    c["max_buffer_bytes"] = draw(st.sampled_from([None, None, None, 96, 1000, 1 << 20]))
+    c["thread_count"] = draw(st.sampled_from([None, None, 1, 3]))
     return c
 
 
@@ -79,9 +84,12 @@ def _describe(c: dict[str, Any]) -> str:
     spoiled = f", the checkpoint damaged ({c['damage']})" if c.get("damage") else ""
     copies = c.get("copies", 0)
     beside = f" and {copies} tensors of its geometry (tensor_copy j of it)" if copies else ""
+    options = "".join(
+        f", {k}={c[k]}" for k in ("max_buffer_bytes", "thread_count") if c.get(k) is not None
+    )
     return (
         f"dcp.save on {c['save_world']} ranks of ShardedTensor {c['saved']!r}{beside}{spoiled}, "
-        f"collective load (reads={c['reads']}, storage={c.get('storage')}) on "
+        f"collective load (reads={c['reads']}, storage={c.get('storage')}{options}) on "
         f"{c['load_world']} ranks into {where}, "
         f"dtype={c['tensor'].dtype}"
     )
@@ -366,65 +374,240 @@ def test_a_collective_load_gives_every_rank_the_reference_or_fails_on_all(
     impl: Impl, pools: Any, c: dict[str, Any]
 ) -> None:
     t, load = c["tensor"], c["load"]
-    # an adapter written before tensors of one geometry were drawn runs each case alone
-    copies = c.get("copies", 0) if _takes_copies(impl) else 0
-    ex = _describe({**c, "copies": copies})
-    extra = {"copies": copies} if copies else {}
+    # an adapter written before tensors of one geometry (or the load's options) were drawn
+    # runs each case alone (with the defaults)
+    extra = {
+        k: c[k]
+        for k in ("copies", "max_buffer_bytes", "thread_count")
+        if c.get(k) and _takes(impl, k)
+    }
+    copies = extra.get("copies", 0)
+    ex = _describe({**c, "copies": 0, "max_buffer_bytes": None, "thread_count": None, **extra})
     with case():
         results = impl.checkpoint_collective_load(
             pools(c["save_world"]), pools(c["load_world"]), c["saved"], t, load, c["reads"],
             c["damage"], ex, storage=c.get("storage"), **extra,
         )  # fmt: skip
+        _check_loaded(results, c, copies, ex)
+
+
+def _check_loaded(results: list[Any], c: dict[str, Any], copies: int, ex: str) -> None:
+    """Each result (its ``rank`` the load's rank) holds the reference, or every one failed
+    alike on a damaged checkpoint (CKPT-26); with the reads counted, each mode's reads
+    (CKPT-24, CKPT-25)."""
+    t, load = c["tensor"], c["load"]
+    errors = [r.value["error"] for r in results]
+    if c["damage"] is not None:
+        _check_failed_everywhere(errors, c["damage"], ex)
+        return
+    assert_equal("errors", errors, [None] * len(results), ex)
+    for r in results:
+        # a nested value filled in place, a top-level one replaced (as dcp.load does)
+        assert_equal(f"rank{r.rank}.values", r.value["value"], {"v": {"n": 7}, "w": 5}, ex)
+        _check_local(r, t, load, ex, copies)
+    stats = [r.value["stats"] for r in results]
+    if stats[0] is None:
+        return  # the implementation does not count its reads
+    modes = {s["reads"] for s in stats}
+    assert_equal("read modes of the ranks", len(modes), 1, ex)
+    mode = modes.pop()
+    storage = _storage(c.get("storage"))
+    auto = _auto(t, load, c["saved"], len(results), storage, copies)
+    want_mode = c["reads"] if c["reads"] != "auto" else auto
+    assert_equal("read mode", mode, want_mode, ex, rule="CKPT-25")
+    if c["reads"] == "auto":
+        assert_equal("the storage auto chose by", stats[0]["storage"], storage, ex,
+                     rule="CKPT-25")  # fmt: skip
+    nbytes = (copies + 1) * t.numel() * t.element_size()
+    if mode == "once":
+        # balanced (CKPT-24): no rank reads more than a fair share plus one run, a saved
+        # chunk (these are never cut into row runs) or, with copies, a run of a stack: at
+        # most an eighth of a share and a chunk (its chunk of a member) more
+        largest = max((s.box.numel for s in c["saved"].shards), default=0) * t.element_size()
+        share = -(-nbytes // len(stats))
+        run = largest + (-(-share // 8) if copies else 0)
+        heavy = [s["data_bytes"] for s in stats if s["data_bytes"] > share + run]
+        assert_equal("ranks reading more than a fair share and a run", heavy, [], ex)
+        # CKPT-24: the job reads each saved byte once (these chunks are never cut into
+        # runs: far below the run size), counted by the ranks
+        assert_equal("tensor bytes read by the job", sum(s["data_bytes"] for s in stats),
+                     nbytes, ex)  # fmt: skip
+        # two values, value i read by rank i mod W alone
+        assert_equal("ranks that read a value", sum(bool(s["value_bytes"]) for s in stats),
+                     min(2, len(stats)), ex)  # fmt: skip
+        _check_no_byte_read_twice([s["ranges"] for s in stats], ex)
+    else:
+        for r, s in zip(results, stats):
+            assert_equal(f"rank{r.rank}.tensor bytes read", s["data_bytes"],
+                         (copies + 1) * _mine(t, load, r.rank), ex)  # fmt: skip
+
+
+@st.composite
+def disagreeing_loads(draw: st.DrawFn) -> dict[str, Any]:
+    """A collective load (a round trip's, sometimes into a plain tensor) on 2 ranks or more,
+    read "own" or "once" with or without a bound on the buffers, where one drawn rank alone
+    passes the other read mode, another bound, or a state dict without one of the values."""
+    c = draw(round_trips(None, checkpoint_worlds().filter(lambda w: w >= 2)))
+    if draw(st.integers(0, 4)) == 0:
+        c["load"] = {"kind": "plain"}
+    c["reads"] = draw(st.sampled_from(("own", "once")))
+    c["max_buffer_bytes"] = draw(st.sampled_from([None, 1 << 20]))
+    rank = draw(st.integers(0, c["load_world"] - 1), label="odd rank")
+    kind = draw(st.sampled_from(["reads", "max_buffer_bytes", "drop"]))
+    if kind == "reads":
+        odd: dict[str, Any] = {"reads": "once" if c["reads"] == "own" else "own"}
+    elif kind == "max_buffer_bytes":
+        odd = {"max_buffer_bytes": 4096 if c["max_buffer_bytes"] is None else None}
+    else:
+        odd = {"drop": draw(st.sampled_from(["v", "w"]))}
+    return {**c, "odd": {"rank": rank, **odd}}
+
+
+# rows -> columns on 2 ranks: rank 1 reads "once" where rank 0 reads "own"; rank 0 bounds the
+# buffers where rank 1 does not; rank 1's state dict has no "w"
+ODD_READS = {**ROWS_TO_COLUMNS_BF16, "reads": "own", "max_buffer_bytes": None,
+             "odd": {"rank": 1, "reads": "once"}}  # fmt: skip
+ODD_BOUND = {**ROWS_TO_COLUMNS_BF16, "reads": "once", "max_buffer_bytes": None,
+             "odd": {"rank": 0, "max_buffer_bytes": 4096}}  # fmt: skip
+ODD_KEYS = {**ODD_READS, "odd": {"rank": 1, "drop": "w"}}
+
+
+@pytest.mark.rule("CKPT-23", "CKPT-26")
+@pytest.mark.pool
+@EXAMPLES
+@given(disagreeing_loads())
+@example(ODD_READS)
+@example(ODD_BOUND)
+@example(ODD_KEYS)
+def test_ranks_that_disagree_on_a_collective_load_raise_the_same_error_before_it_reads(
+    impl: Impl, pools: Any, c: dict[str, Any]
+) -> None:
+    """One rank passes another read mode, another bound on the buffers, or a state dict
+    without one of the values: every rank raises the same LoadError (the digest of CKPT-23
+    covers the mode, the bound and the keys) and none has read anything into its tensors or
+    values (they still hold what the load started from)."""
+    odd = c["odd"]
+    passes = ", ".join(f"{k}={v!r}" for k, v in odd.items() if k != "rank")
+    ex = f"{_describe(c)}, where rank {odd['rank']} alone passes {passes}"
+    if not hasattr(impl, "checkpoint_collective_load_disagreeing"):
+        pytest.skip(f"{impl.name}'s adapter predates ranks that disagree on a collective load")
+    t, load = c["tensor"], c["load"]
+    with case():
+        results = impl.checkpoint_collective_load_disagreeing(
+            pools(c["save_world"]), pools(c["load_world"]), c["saved"], t, load, c["reads"],
+            c["max_buffer_bytes"], odd, ex,
+        )  # fmt: skip
         errors = [r.value["error"] for r in results]
-        if c["damage"] is not None:
-            _check_failed_everywhere(errors, c["damage"], ex)
-            return
-        assert_equal("errors", errors, [None] * len(results), ex)
+        assert_equal("ranks that returned", [e is None for e in errors], [False] * len(errors),
+                     ex, rule="CKPT-26")  # fmt: skip
+        assert_equal("distinct errors", len(set(errors)), 1, ex, rule="CKPT-26")
+        assert_equal("the error's type", str(errors[0]).split(":")[0], "LoadError", ex,
+                     rule="CKPT-26")  # fmt: skip
         for r in results:
-            # a nested value filled in place, a top-level one replaced (as dcp.load does)
-            assert_equal(f"rank{r.rank}.values", r.value["value"], {"v": {"n": 7}, "w": 5}, ex)
-            _check_local(r, t, load, ex, copies)
-        stats = [r.value["stats"] for r in results]
-        if stats[0] is None:
-            return  # the implementation does not count its reads
-        modes = {s["reads"] for s in stats}
-        assert_equal("read modes of the ranks", len(modes), 1, ex)
-        mode = modes.pop()
-        storage = _storage(c.get("storage"))
-        auto = _auto(t, load, c["saved"], len(results), storage, copies)
-        want_mode = c["reads"] if c["reads"] != "auto" else auto
-        assert_equal("read mode", mode, want_mode, ex, rule="CKPT-25")
-        if c["reads"] == "auto":
-            assert_equal("the storage auto chose by", stats[0]["storage"], storage, ex,
-                         rule="CKPT-25")  # fmt: skip
-        nbytes = (copies + 1) * t.numel() * t.element_size()
-        if mode == "once":
-            # balanced (CKPT-24): no rank reads more than a fair share plus one run, a saved
-            # chunk (these are never cut into row runs) or, with copies, a run of a stack: at
-            # most an eighth of a share and a chunk (its chunk of a member) more
-            largest = max((s.box.numel for s in c["saved"].shards), default=0) * t.element_size()
-            share = -(-nbytes // len(stats))
-            run = largest + (-(-share // 8) if copies else 0)
-            heavy = [s["data_bytes"] for s in stats if s["data_bytes"] > share + run]
-            assert_equal("ranks reading more than a fair share and a run", heavy, [], ex)
-            # CKPT-24: the job reads each saved byte once (these chunks are never cut into
-            # runs: far below the run size), counted by the ranks
-            assert_equal("tensor bytes read by the job", sum(s["data_bytes"] for s in stats),
-                         nbytes, ex)  # fmt: skip
-            # two values, value i read by rank i mod W alone
-            assert_equal("ranks that read a value", sum(bool(s["value_bytes"]) for s in stats),
-                         min(2, len(stats)), ex)  # fmt: skip
-            _check_no_byte_read_twice([s["ranges"] for s in stats], ex)
-        else:
-            for r, s in zip(results, stats):
-                assert_equal(f"rank{r.rank}.tensor bytes read", s["data_bytes"],
-                             (copies + 1) * _mine(t, load, r.rank), ex)  # fmt: skip
+            values = {"v": {"n": 0}, "w": 0}
+            if r.rank == odd["rank"] and odd.get("drop"):
+                del values[odd["drop"]]
+            assert_equal(f"rank{r.rank}.values (untouched)", r.value["value"], values, ex)
+            want = _want(torch.ones_like(t), load, r.rank)
+            assert_equal(f"rank{r.rank}.local tensors", len(r.tensors), len(want), ex)
+            for i, (got, w) in enumerate(zip(r.tensors, want)):
+                assert_tensor_bitwise(f"rank{r.rank}.untouched[{i}]", got, w, ex)
 
 
-def _takes_copies(impl: Any) -> bool:
-    """Whether the adapter's collective load takes ``copies`` (or any keyword)."""
+@st.composite
+def subgroup_loads(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
+    """A collective load (as :func:`collective_loads` draws it, no sub-meshes) on the group of
+    ``members``: 1 to ``pool`` - 1 ranks of a pool of 2 to ``max_world`` (ascending, as
+    new_group orders them; any of them, so group rank i is seldom pool rank i, and group rank
+    0, which reads the metadata for the others, is often not pool rank 0), the destination's
+    layout or mesh over the group's ranks. Saved on 1 to ``max_world`` ranks."""
+    pool = draw(st.integers(2, max_world), label="pool")
+    size = draw(st.integers(1, pool - 1), label="group size")
+    members = sorted(draw(st.permutations(range(pool)))[:size])
+    c = draw(round_trips(st.integers(1, max_world), st.just(size)))
+    if draw(st.integers(0, 4)) == 0:
+        c["load"] = {"kind": "plain"}
+    c["reads"] = draw(st.sampled_from(READS))
+    c["storage"] = draw(st.sampled_from(STORAGE))
+    c["damage"] = draw(st.sampled_from([None] * 8 + ["truncate", "metadata"]))
+    c["copies"] = draw(st.sampled_from([0, 0, 1, 3]))
+    return {**c, "pool": pool, "members": members}
+
+
+# Rows saved on 3 ranks, loaded as columns read once on the group of pool ranks 1 and 3 of 4:
+# the group's rank 0 (pool rank 1) reads the metadata for both, and each member's boxes are
+# those of its group rank.
+ROWS_TO_COLUMNS_ON_1_3 = {**ROWS_TO_COLUMNS_BF16, "reads": "once", "storage": None,
+                          "damage": None, "copies": 3, "pool": 4, "members": [1, 3]}  # fmt: skip
+# A DTensor sharded by columns (3, 3 and 1 of 7) on a mesh of pool ranks 0, 2 and 3, read as
+# "own", and as "auto" told the storage is shared.
+DTENSOR_ON_0_2_3 = {
+    **ROWS_TO_COLUMNS_BF16,
+    "load_world": 3,
+    "load": {"kind": "dtensor", "mesh": [3], "placements": [["S", 1]]},
+    "reads": "own",
+    "storage": None,
+    "damage": None,
+    "copies": 0,
+    "pool": 4,
+    "members": [0, 2, 3],
+}
+DTENSOR_ON_0_2_3_AUTO = {**DTENSOR_ON_0_2_3, "reads": "auto", "storage": "shared"}
+# A truncated file under "once" on the group of pool ranks 2 and 3: both members fail alike.
+TRUNCATED_ON_2_3 = {**ROWS_TO_COLUMNS_ON_1_3, "damage": "truncate", "copies": 0,
+                    "members": [2, 3]}  # fmt: skip
+
+
+@pytest.mark.rule("CKPT-23", "CKPT-24", "CKPT-26")
+@pytest.mark.known_defect(
+    "torch",
+    "dcp.load of a damaged checkpoint fails on every rank with an error that names no file "
+    "(a truncated file: 'PytorchStreamReader failed reading zip archive'; repro "
+    "dcp-load-damaged-file-names-nothing)",
+    raises=AssertionError,
+    match=r"^the error names the file \(.*\)=False",
+)
+@pytest.mark.pool
+@EXAMPLES
+@given(subgroup_loads())
+@example(ROWS_TO_COLUMNS_ON_1_3)
+@example(DTENSOR_ON_0_2_3)
+@example(DTENSOR_ON_0_2_3_AUTO)
+@example(TRUNCATED_ON_2_3)
+def test_a_collective_load_among_a_subgroup_of_the_ranks_uses_its_group_ranks(
+    impl: Impl, pools: Any, c: dict[str, Any]
+) -> None:
+    """The collective load on the process group of some of the pool's ranks, whose rank i is
+    the i-th member (not pool rank i): each member holds the reference at its group rank's
+    boxes (or every member fails alike on a damaged checkpoint), its reads are its group
+    rank's, and the other ranks take no part."""
+    if not hasattr(impl, "checkpoint_collective_load_on"):
+        pytest.skip(f"{impl.name}'s adapter predates the collective load on a subgroup")
+    members = c["members"]
+    copies = c["copies"] if _takes(impl, "copies") else 0
+    ex = (
+        f"{_describe({**c, 'copies': copies})}, the load on the group of pool ranks {members} "
+        f"of {c['pool']} (rank<i> below is group rank i: pool rank members[i])"
+    )
+    with case():
+        results = impl.checkpoint_collective_load_on(
+            pools(c["save_world"]), pools(c["pool"]), members, c["saved"], c["tensor"],
+            c["load"], c["reads"], c["damage"], ex, storage=c["storage"], copies=copies,
+        )  # fmt: skip
+        assert_equal("ranks that answered", [r.rank for r in results], list(range(c["pool"])), ex)
+        for r in results:
+            if r.rank not in members:
+                assert_equal(f"pool rank {r.rank} (not in the group): error, value, tensors",
+                             (r.value["error"], r.value["value"], len(r.tensors)), (None, None, 0),
+                             ex)  # fmt: skip
+        mine = [replace(r, rank=members.index(r.rank)) for r in results if r.rank in members]
+        _check_loaded(mine, c, copies, ex)
+
+
+def _takes(impl: Any, name: str) -> bool:
+    """Whether the adapter's collective load takes the keyword ``name`` (or any keyword)."""
     params = inspect.signature(impl.checkpoint_collective_load).parameters.values()
-    return any(p.name == "copies" or p.kind is p.VAR_KEYWORD for p in params)
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
 
 
 def _check_failed_everywhere(errors: list[str | None], damage: str, ex: str) -> None:

@@ -175,8 +175,8 @@ def _check_collective(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]
     if members is not None:
         if sorted(set(members)) != list(members) or not members or members[-1] >= ctx.world:
             raise ValueError(f"members {members}: distinct pool ranks, ascending")
-        if args.get("sub") is not None or args.get("odd"):
-            raise ValueError("a load on a subgroup takes no sub-meshes and no odd rank")
+        if args.get("odd"):
+            raise ValueError("a load on a subgroup takes no odd rank")
         if ctx.rank not in members:
             if ts:
                 raise ValueError(f"rank {ctx.rank} is not in the group but got tensors")
@@ -214,7 +214,7 @@ def _collective_load(
     if members is None:
         return _collective_load_on(ctx, args, ts, None)
     if args["kind"] == "dtensor":
-        dtensor_mesh(ctx, _on_members(args))  # built by every rank: new_group is the world's
+        _load_mesh(ctx, _on_members(args))  # built by every rank: new_group is the world's
     with subgroup(ctx, members) as group:
         if ctx.rank not in members:
             return {"error": None, "stats": None, "value": None}, []
@@ -299,6 +299,13 @@ def _collective_load_on(
     return facts, out
 
 
+def _load_mesh(ctx: Context, args: dict[str, Any]) -> Any:
+    """The mesh of a DTensor destination (with ``sub``, its dims named for the sub-mesh)."""
+    if args.get("sub") is not None:
+        return ctx.mesh(tuple(args["mesh"]), args.get("order"), flatten=True)
+    return dtensor_mesh(ctx, args)
+
+
 def _filled_dtensor(ctx: Context, args: dict[str, Any], dtype: torch.dtype, via: str) -> Any:
     """A DTensor of ``fill`` (every rank makes its own piece: no collective, no scatter). With
     ``sub`` = d, on the sub-mesh of mesh dim d with its placement alone: each rank on the mesh
@@ -307,12 +314,11 @@ def _filled_dtensor(ctx: Context, args: dict[str, Any], dtype: torch.dtype, via:
     from torch.distributed.tensor import distribute_tensor
 
     placements = placements_from_json(args["placements"])
+    mesh = _load_mesh(ctx, args)
     if args.get("sub") is not None:
         d = int(args["sub"])
-        mesh = ctx.mesh(tuple(args["mesh"]), args.get("order"), flatten=True)[f"d{d}"]
+        mesh = mesh[f"d{d}"]
         placements = [placements[d]]
-    else:
-        mesh = dtensor_mesh(ctx, args)
     full = torch.full(tuple(args["shape"]), args["fill"], dtype=dtype, device=ctx.device)
     if via == "shardspec":
         from shardspec.reshard.dtensor_io import distribute_dtensor

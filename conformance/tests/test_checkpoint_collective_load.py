@@ -516,8 +516,8 @@ def test_ranks_that_disagree_on_a_collective_load_raise_the_same_error_before_it
 
 @st.composite
 def subgroup_loads(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
-    """A collective load (as :func:`collective_loads` draws it, no sub-meshes) on the group of
-    ``members``: 1 to ``pool`` - 1 ranks of a pool of 2 to ``max_world`` (ascending, as
+    """A collective load (as :func:`collective_loads` draws it, sub-meshes included) on the
+    group of ``members``: 1 to ``pool`` - 1 ranks of a pool of 2 to ``max_world`` (ascending, as
     new_group orders them; any of them, so group rank i is seldom pool rank i, and group rank
     0, which reads the metadata for the others, is often not pool rank 0), the destination's
     layout or mesh over the group's ranks. Saved on 1 to ``max_world`` ranks."""
@@ -527,6 +527,7 @@ def subgroup_loads(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
     c = draw(round_trips(st.integers(1, max_world), st.just(size)))
     if draw(st.integers(0, 4)) == 0:
         c["load"] = {"kind": "plain"}
+    _maybe_on_sub_meshes(draw, c["load"])
     c["reads"] = draw(st.sampled_from(READS))
     c["storage"] = draw(st.sampled_from(STORAGE))
     c["damage"] = draw(st.sampled_from([None] * 8 + ["truncate", "metadata"]))
@@ -553,6 +554,19 @@ DTENSOR_ON_0_2_3 = {
     "members": [0, 2, 3],
 }
 DTENSOR_ON_0_2_3_AUTO = {**DTENSOR_ON_0_2_3, "reads": "auto", "storage": "shared"}
+# On the group of pool ranks 1, 2 and 3 of 4, a DTensor on the meshes of dim 0 of a 1x3 mesh:
+# each member on a mesh of itself alone (CKPT-23: every rank sees its own mesh only, and the
+# meshes' first ranks are found among the group's ranks), read once.
+ON_SUB_MESHES_OF_A_GROUP = {
+    **ON_SUB_MESHES_AUTO,
+    "load_world": 3,
+    "load": {"kind": "dtensor", "mesh": [1, 3], "placements": [["S", 1], ["R"]], "sub": 0},
+    "reads": "once",
+    "storage": None,
+    "copies": 0,
+    "pool": 4,
+    "members": [1, 2, 3],
+}
 # A truncated file under "once" on the group of pool ranks 2 and 3: both members fail alike.
 TRUNCATED_ON_2_3 = {**ROWS_TO_COLUMNS_ON_1_3, "damage": "truncate", "copies": 0,
                     "members": [2, 3]}  # fmt: skip
@@ -574,6 +588,7 @@ TRUNCATED_ON_2_3 = {**ROWS_TO_COLUMNS_ON_1_3, "damage": "truncate", "copies": 0,
 @example(DTENSOR_ON_0_2_3)
 @example(DTENSOR_ON_0_2_3_AUTO)
 @example(TRUNCATED_ON_2_3)
+@example(ON_SUB_MESHES_OF_A_GROUP)
 def test_a_collective_load_among_a_subgroup_of_the_ranks_uses_its_group_ranks(
     impl: Impl, pools: Any, c: dict[str, Any]
 ) -> None:

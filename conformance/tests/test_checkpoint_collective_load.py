@@ -328,6 +328,17 @@ ONE_SHARED_SMALL_CHUNKS_LOCAL = {**SHARED_SMALL_CHUNKS_LOCAL, "copies": 0}
 STACKED_ONCE_ON_4 = {**MANY_CHUNKS_ON_4, "reads": "once", "copies": 3}
 
 
+# torch's known defect wherever a damaged checkpoint is drawn (CKPT-26)
+NAMES_NO_FILE = pytest.mark.known_defect(
+    "torch",
+    "dcp.load of a damaged checkpoint fails on every rank with an error that names no file "
+    "(a truncated file: 'PytorchStreamReader failed reading zip archive'; repro "
+    "dcp-load-damaged-file-names-nothing)",
+    raises=AssertionError,
+    match=r"^the error names the file \(.*\)=False",
+)
+
+
 def _examples(test: Any) -> Any:
     """The explicit examples, on pools of 2 to 4 ranks; on simulated worlds
     (conformance_scale), whose few drawn examples may damage nothing, the truncated file on
@@ -358,14 +369,7 @@ def _examples(test: Any) -> Any:
 
 
 @pytest.mark.rule("CKPT-23", "CKPT-24", "CKPT-25", "CKPT-26", "CKPT-27")
-@pytest.mark.known_defect(
-    "torch",
-    "dcp.load of a damaged checkpoint fails on every rank with an error that names no file "
-    "(a truncated file: 'PytorchStreamReader failed reading zip archive'; repro "
-    "dcp-load-damaged-file-names-nothing)",
-    raises=AssertionError,
-    match=r"^the error names the file \(.*\)=False",
-)
+@NAMES_NO_FILE
 @pytest.mark.pool
 @EXAMPLES
 @given(collective_loads())
@@ -573,14 +577,7 @@ TRUNCATED_ON_2_3 = {**ROWS_TO_COLUMNS_ON_1_3, "damage": "truncate", "copies": 0,
 
 
 @pytest.mark.rule("CKPT-23", "CKPT-24", "CKPT-26")
-@pytest.mark.known_defect(
-    "torch",
-    "dcp.load of a damaged checkpoint fails on every rank with an error that names no file "
-    "(a truncated file: 'PytorchStreamReader failed reading zip archive'; repro "
-    "dcp-load-damaged-file-names-nothing)",
-    raises=AssertionError,
-    match=r"^the error names the file \(.*\)=False",
-)
+@NAMES_NO_FILE
 @pytest.mark.pool
 @EXAMPLES
 @given(subgroup_loads())

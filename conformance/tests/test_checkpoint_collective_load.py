@@ -30,11 +30,18 @@ from conformance.cases import case
 from conformance.codec import layout_from_json, layout_to_json
 from conformance.impls import Impl
 from conformance.interface.base import tensor_copy
+from shardspec.checkpoint.chunks import storable
 from shardspec.checkpoint.storage import storage_kind
 from shardspec.metadata import Box, Layout, Shard, chunk_layout
 from shardspec.testing.devices import simulated_worlds
 
-from .test_checkpoint import ROWS_TO_COLUMNS_BF16, _describe_load, checkpoint_worlds, round_trips
+from .test_checkpoint import (
+    ROWS_TO_COLUMNS_BF16,
+    _describe_load,
+    _one_per_box,
+    checkpoint_worlds,
+    round_trips,
+)
 
 READS = ("own", "once", "auto")
 # what reads="auto" is told of the storage (None: it finds out; CKPT-25)
@@ -444,6 +451,72 @@ def _check_loaded(results: list[Any], c: dict[str, Any], copies: int, ex: str) -
         for r, s in zip(results, stats):
             assert_equal(f"rank{r.rank}.tensor bytes read", s["data_bytes"],
                          (copies + 1) * _mine(t, load, r.rank), ex)  # fmt: skip
+
+
+@st.composite
+def loads_beside_an_idle_rank(draw: st.DrawFn) -> dict[str, Any]:
+    """A round trip into a ShardedTensor on 2 ranks or more whose last rank holds no shard of
+    it (the drawn boxes folded onto the others), beside the saved values (a nested dict among
+    them), read with a drawn mode."""
+    c = draw(round_trips(None, checkpoint_worlds().filter(lambda w: w >= 2)))
+    if c["load"]["kind"] != "sharded":  # a DTensor's mesh leaves no rank idle: all on rank 0
+        shape = tuple(c["tensor"].shape)
+        whole = Layout(shape, [Shard(Box((0,) * len(shape), shape), 0)])
+        c["load"] = {"kind": "sharded", "layout": layout_to_json(whole),
+                     "whole_item_bytes": c["load"]["whole_item_bytes"]}  # fmt: skip
+    dst = layout_from_json(c["load"]["layout"])
+    idle = c["load_world"] - 1
+    folded = Layout(dst.shape, [Shard(s.box, s.rank % idle) for s in dst.shards])
+    c["load"]["layout"] = layout_to_json(storable(_one_per_box(folded)))
+    c["reads"] = draw(st.sampled_from(READS))
+    return {**c, "damage": None, "storage": None}
+
+
+# The whole of a 4-element tensor on rank 0 of 2: rank 1 holds nothing of it, beside the
+# nested value "v" (torch's _flatten_sharded_tensors drops the tensor's key on rank 1, and
+# dcp.load then fails there)
+ALL_ON_RANK_0 = {
+    "save_world": 1,
+    "load_world": 2,
+    "saved": Layout((4,), [Shard(Box((0,), (4,)), 0)]),
+    "load": {
+        "kind": "sharded",
+        "layout": layout_to_json(Layout((4,), [Shard(Box((0,), (4,)), 0)])),
+        "whole_item_bytes": 1 << 18,
+    },
+    "tensor": torch.arange(4, dtype=torch.float32),
+    "reads": "own",
+    "damage": None,
+    "storage": None,
+}
+
+
+@pytest.mark.rule("CKPT-23")
+@pytest.mark.known_defect(
+    "torch",
+    "dcp.load fails on a rank that holds no shard of a ShardedTensor ('Missing key in "
+    "checkpoint state_dict' for a nested value beside it): DCP's _flatten_sharded_tensors "
+    "drops the tensor's key there (repro checkpoint-flatten-drops-entry-without-local-shard)",
+    raises=AssertionError,
+    match=r"^errors=.*Missing key in checkpoint state_dict",
+)
+@pytest.mark.pool
+@EXAMPLES
+@given(loads_beside_an_idle_rank())
+@example(ALL_ON_RANK_0)
+def test_a_rank_holding_no_shard_of_a_tensor_loads_the_values_beside_it(
+    impl: Impl, pools: Any, c: dict[str, Any]
+) -> None:
+    """A ShardedTensor of which one rank holds nothing (FSDP's ranks past the data), loaded
+    beside a nested value and a top-level one: every rank holds the reference, the idle rank
+    no tensor and both values."""
+    ex = _describe(c)
+    with case():
+        results = impl.checkpoint_collective_load(
+            pools(c["save_world"]), pools(c["load_world"]), c["saved"], c["tensor"], c["load"],
+            c["reads"], None, ex,
+        )  # fmt: skip
+        _check_loaded(results, c, 0, ex)
 
 
 @st.composite

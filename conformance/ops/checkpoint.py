@@ -14,6 +14,8 @@ tensor it loads into: how a job that knows nothing of shardspec loads a checkpoi
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -125,7 +127,12 @@ def _check_load(ctx: Context, args: dict[str, Any], ts: list[torch.Tensor]) -> N
 
 
 def _target(
-    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor], via: str, group: Any = None
+    ctx: Context,
+    args: dict[str, Any],
+    ts: list[torch.Tensor],
+    via: str,
+    group: Any = None,
+    mesh: Any = None,
 ) -> Any:
     """What a load fills: a ShardedTensor holding this rank's boxes of ``layout`` (``kind``
     sharded; ``ts`` are its local tensors), or a DTensor of ``fill`` on a ``mesh`` with
@@ -133,7 +140,7 @@ def _target(
     dtype = getattr(torch, args["dtype"])
     if args["kind"] == "sharded":
         return sharded_tensor_of(ctx, layout_from_json(args["layout"]), dtype, ts, via, group)
-    return _filled_dtensor(ctx, args, dtype, via)
+    return _filled_dtensor(ctx, args, dtype, via, mesh)
 
 
 @operation("checkpoint.load", collective=True, check=_check_load)
@@ -213,16 +220,47 @@ def _collective_load(
     members = args.get("members")
     if members is None:
         return _collective_load_on(ctx, args, ts, None)
-    if args["kind"] == "dtensor":
-        _load_mesh(ctx, _on_members(args))  # built by every rank: new_group is the world's
-    with subgroup(ctx, members) as group:
+    on = _on_members(args)
+    with subgroup(ctx, members) as group, _members_mesh(ctx, on, group) as mesh:
         if ctx.rank not in members:
             return {"error": None, "stats": None, "value": None}, []
-        return _collective_load_on(ctx, _on_members(args), ts, group)
+        return _collective_load_on(ctx, on, ts, group, mesh)
+
+
+@contextmanager
+def _members_mesh(ctx: Context, args: dict[str, Any], group: Any) -> Iterator[Any]:
+    """A DTensor destination's mesh over the members (None for the other kinds), for one
+    call: built by every pool rank (new_group is collective over the world), its groups
+    destroyed after the call by the members, which alone hold them, once all are done. Not
+    the context's kept meshes: members holding groups the others do not would make the ranks
+    name a later group of the same ranks differently (a hang) and release groups apart."""
+    if args["kind"] != "dtensor":
+        yield None
+        return
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from shardspec.testing.groups import live_groups
+
+    before = set(live_groups())
+    ids = torch.tensor(args["order"]).reshape(tuple(args["mesh"]))
+    flatten = args.get("sub") is not None
+    names = tuple(f"d{i}" for i in range(ids.dim())) if flatten else None
+    mesh = DeviceMesh(ctx.device.type, ids, mesh_dim_names=names)
+    if flatten and ids.dim() > 1:
+        mesh._flatten()
+    made = [pg for pg in live_groups() if pg not in before]
+    try:
+        yield mesh
+    finally:
+        if ctx.rank in args["order"]:
+            dist.barrier(group=group)
+        for pg in reversed(made):
+            dist.destroy_process_group(pg)
 
 
 def _collective_load_on(
-    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor], group: Any
+    ctx: Context, args: dict[str, Any], ts: list[torch.Tensor], group: Any, mesh: Any = None
 ) -> tuple[Any, list[torch.Tensor]]:
     """A collective load of ``path`` into ``{"t": tensor, "v": {"n": 0}, "w": 0}`` (with
     ``copies`` k, also ``"t1"`` .. ``"tk"``, each a tensor as ``t``; ``ts`` holds each one's
@@ -252,7 +290,7 @@ def _collective_load_on(
             shape = tuple(args["shape"])
             objs[key] = torch.full(shape, args["fill"], dtype=dtype, device=ctx.device)
         else:
-            objs[key] = _target(ctx, args, part, via, group)
+            objs[key] = _target(ctx, args, part, via, group, mesh)
     hf = bool(args.get("safetensors"))
     alone = hf or bool(args.get("tensor_only"))
     sd: dict[str, Any] = dict(objs) if alone else {**objs, "v": {"n": 0}, "w": 0}
@@ -306,7 +344,9 @@ def _load_mesh(ctx: Context, args: dict[str, Any]) -> Any:
     return dtensor_mesh(ctx, args)
 
 
-def _filled_dtensor(ctx: Context, args: dict[str, Any], dtype: torch.dtype, via: str) -> Any:
+def _filled_dtensor(
+    ctx: Context, args: dict[str, Any], dtype: torch.dtype, via: str, mesh: Any = None
+) -> Any:
     """A DTensor of ``fill`` (every rank makes its own piece: no collective, no scatter). With
     ``sub`` = d, on the sub-mesh of mesh dim d with its placement alone: each rank on the mesh
     of its own coordinates in the other dims (whose placements must be Replicate: the
@@ -314,7 +354,7 @@ def _filled_dtensor(ctx: Context, args: dict[str, Any], dtype: torch.dtype, via:
     from torch.distributed.tensor import distribute_tensor
 
     placements = placements_from_json(args["placements"])
-    mesh = _load_mesh(ctx, args)
+    mesh = _load_mesh(ctx, args) if mesh is None else mesh
     if args.get("sub") is not None:
         d = int(args["sub"])
         mesh = mesh[f"d{d}"]

@@ -373,7 +373,7 @@ def conformance(session: nox.Session) -> None:
     `-- --coverage`, the same run measured as `nox -s coverage` measures it (CI's way: the
     suite runs once and gives both verdicts)."""
     measure = "--coverage" in session.posargs
-    stack = install_stack(session, *(["coverage[toml]>=7.10"] if measure else []))
+    stack = install_stack(session, *(["coverage[toml]>=7.10.4"] if measure else []))
     _, rest = split_args(session)
     rest = [a for a in rest if a != "--coverage"]
     if measure:
@@ -432,7 +432,7 @@ def coverage(session: nox.Session) -> None:
     uncovered line and branch of a public function with its reason from
     conformance/coverage-allow.txt, and fails on any without one; reasons that match nothing
     in this run are listed as stale. `nox -s conformance -- --coverage` is the same run."""
-    stack = install_stack(session, "coverage[toml]>=7.10")
+    stack = install_stack(session, "coverage[toml]>=7.10.4")
     _, rest = split_args(session)
     _measured_conformance(session, stack, rest)
 

@@ -108,3 +108,8 @@ def group_recorded(rank: int, world: int) -> list[bool]:
 
     hooks = getattr(dist.distributed_c10d._world, "pg_flight_recorder_hooks", None)
     return [hooks is not None, hooks is not None and dist.group.WORLD in hooks]
+
+
+def process_facts(rank: int, world: int) -> list[Any]:
+    """The rank's pid, parent pid, process group and working directory."""
+    return [os.getpid(), os.getppid(), os.getpgid(0), os.getcwd()]

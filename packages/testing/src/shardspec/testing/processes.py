@@ -1,11 +1,13 @@
-"""A pool's ranks as processes: :class:`LocalRanks` spawns W worker processes on this host
-(``python -m shardspec.testing.worker``), takes their connections back over loopback, watches
+"""A pool's ranks as processes: :class:`LocalRanks` starts W worker processes on this host
+(forked from a server that imported torch once, :mod:`.forked`, or ``python -m
+shardspec.testing.worker``), takes their connections back over loopback, watches
 that they live and kills them by process group; ``launched.LaunchedRanks`` has the same
 shape for the ranks of a ``torchrun`` job.
 
 No orphans: workers run in their own process groups and are killed by group on teardown and
-at exit; each worker also asks the kernel to kill it when the driver dies
-(``PR_SET_PDEATHSIG``) and exits when its socket to the driver closes.
+at exit; each worker also asks the kernel to kill it when its parent dies (the driver, or the
+fork server, which exits with the driver: ``PR_SET_PDEATHSIG``) and exits when its socket to
+the driver closes.
 
 Loopback only: the driver listens on 127.0.0.1 port 0, binds the store's listening socket to
 127.0.0.1 itself and hands it to ``TCPStore`` (which, given a host name, listens on every
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from .forked import fork_refused, start_rank
 from .loopback import loopback_store
 from .protocol import recv_frame, send_frame
 from .results import PoolError, RankCrash
@@ -143,19 +146,25 @@ class LocalRanks:
             OMP_NUM_THREADS="1",
         )
         cwd = os.getcwd()
+        forks = fork_refused(self.env, self.settings.get("SHARDSPEC_POOL_DEVICE", "cpu")) is None
         try:
             for rank in range(self.world_size):
                 log = Path(self._logdir.name) / f"rank{rank}.log"
+                rank_env = {**env, "SHARDSPEC_POOL_RANK": str(rank)}
+                proc: Process
                 with open(log, "wb") as fh:
-                    proc = subprocess.Popen(
-                        [sys.executable, "-m", "shardspec.testing.worker"],
-                        env={**env, "SHARDSPEC_POOL_RANK": str(rank)},
-                        cwd=cwd,
-                        stdin=subprocess.DEVNULL,
-                        stdout=fh,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
+                    if forks:
+                        proc = start_rank(rank_env, cwd, str(log))
+                    else:
+                        proc = subprocess.Popen(
+                            [sys.executable, "-m", "shardspec.testing.worker"],
+                            env=rank_env,
+                            cwd=cwd,
+                            stdin=subprocess.DEVNULL,
+                            stdout=fh,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                        )
                 self.workers.append(Worker(rank, proc, log))
             self._accept(token, deadline)
             for w in self.workers:

@@ -236,7 +236,7 @@ def _central_directory(read_at: ReadAt, length: int) -> dict[str, tuple[int, int
     out: dict[str, tuple[int, int]] = {}
     pos = 0
     for _ in range(count):
-        if cd[pos : pos + 4] != b"PK\x01\x02":
+        if cd[pos : pos + 4] != b"PK\x01\x02" or pos + _CENTRAL.size > len(cd):
             raise DamagedItem("a broken zip directory entry")
         f = _CENTRAL.unpack_from(cd, pos)
         method, csize, nlen, elen, clen, lh = f[4], f[8], f[10], f[11], f[12], f[16]
@@ -252,6 +252,13 @@ def _central_directory(read_at: ReadAt, length: int) -> dict[str, tuple[int, int
 
 
 def _zip64_sizes(extra: bytes, usize: int, csize: int, lh: int) -> tuple[int, int]:
+    try:
+        return _zip64_fields(extra, usize, csize, lh)
+    except (struct.error, IndexError) as e:  # a field shorter than its tag says
+        raise DamagedItem(f"a broken zip64 extra field ({e})") from e
+
+
+def _zip64_fields(extra: bytes, usize: int, csize: int, lh: int) -> tuple[int, int]:
     pos = 0
     while pos + 4 <= len(extra):
         tag, n = struct.unpack_from("<HH", extra, pos)
@@ -375,6 +382,12 @@ def _parse_pickle(data: bytes) -> _Record:
         raise UnsupportedItem(f"the tensor carries extra state {meta or hooks!r}")
     if dtype in (torch.qint8, torch.qint32, torch.quint8, torch.quint4x2, torch.quint2x4):
         raise UnsupportedItem(f"quantized dtype {dtype}")
+    if not (_ints(size) and _ints(stride) and len(size) == len(stride) and _int(offset)):
+        # a damaged pickle can still load, as other objects in those places
+        raise DamagedItem(
+            f"the tensor pickle's storage offset, size and stride are not integers of one "
+            f"rank each ({offset!r}, {size!r}, {stride!r})"
+        )
     itemsize = dtype.itemsize
     nbytes = ref.numel if ref.dtype is None else ref.numel * itemsize
     return (
@@ -386,3 +399,11 @@ def _parse_pickle(data: bytes) -> _Record:
         tuple(int(x) for x in size),
         tuple(int(x) for x in stride),
     )
+
+
+def _int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _ints(xs: object) -> bool:
+    return isinstance(xs, tuple) and all(map(_int, xs))

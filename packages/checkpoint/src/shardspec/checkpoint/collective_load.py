@@ -675,6 +675,9 @@ class _SmallEntries:
         self._overlaps, self._at_name = chunk_overlaps, ChunkAt
         self._base = str(reader.path)
         self._files: dict[Any, str] = {}
+        # files by number for .stack_spans, where the metadata does not number them
+        self._numbers: dict[str, int] = {}
+        self._names: list[str] = []
         storage = reader.storage_data
         self._at: dict[tuple[str, tuple[int, ...]], tuple[Any, Any]] = {}
         if isinstance(storage, ColumnStorage):
@@ -742,6 +745,42 @@ class _SmallEntries:
             out.append(small(index, where, offset, length, dtype, sizes, parts_of))
         return out
 
+    def stack_run(self, stack: Target, si: int, first: int, out: torch.Tensor) -> Any:
+        """Saved chunk ``si`` of the stack's members ``first``, ``first + 1``, ... read whole
+        into the rows of ``out``, as :mod:`.stack_spans` reads them: their entries from the
+        column encoding's table at once, or from the unpickled metadata's; None where a
+        member's chunk has no entry, or one that is not plain or too large to read whole
+        (:meth:`stacked` then reads them member by member)."""
+        import numpy as np
+
+        from .stack_spans import StackRun
+
+        fqns = [m.key for m in stack.members[first : first + out.shape[0]]]
+        offsets = tuple(stack.members[0].saved.chunks[si].offsets)
+        if self._columns is not None:
+            rows = self._columns.entries_at(fqns, si)
+            path: Callable[[int], str] = self._path
+        else:  # the unpickled metadata's entries, by key and offsets; files numbered per load
+            numbers, names, table = self._numbers, self._names, []
+            for k in fqns:
+                found = self._at.get((k, offsets))
+                if found is None or not self._small_entry(found[1]):
+                    return None
+                info = found[1]
+                number = numbers.get(info.relative_path)
+                if number is None:
+                    number = numbers[info.relative_path] = len(names)
+                    names.append(info.relative_path)
+                table.append((number, int(info.offset), int(info.length)))
+            rows = np.array(table, dtype=np.int64)
+
+            def path(number: int) -> str:
+                return self._path(names[number])
+
+        if int(rows[:, 0].min()) < 0 or int(rows[:, 2].max()) > WHOLE_ITEM_BYTES:
+            return None
+        return StackRun(out, fqns, si, offsets, rows, path)
+
     def chunks_of(self, t: Target, boxes: Sequence[Box]) -> list[Any] | None:
         """The saved chunks of ``t`` that ``boxes`` (this rank's) overlap, with the pieces each
         fills, when all are small plain DCP chunks (:mod:`.chunk_spans`); else None."""
@@ -791,6 +830,50 @@ def _read_small(reader: Any, small: list[Any], stats: LoadStats) -> bool:
     return True
 
 
+def _read_stacks(reader: Any, runs: list[Any], stats: LoadStats) -> bool:
+    """Read the stacks' ``runs`` (:mod:`.stack_spans`); False when one member's chunk is an
+    archive it cannot read in place (they are then read as any small chunks)."""
+    from .stack_spans import read_stacks
+
+    try:
+        nread, ranges = read_stacks(runs)
+    except UnsupportedItem:
+        return False
+    stats.bytes_read += nread
+    stats.chunks += sum(len(r.fqns) for r in runs)
+    if reader.trace_reads:
+        stats.ranges += ranges
+    return True
+
+
+def _stack_chunks(
+    entries: _SmallEntries,
+    t: Target,
+    run: Run,
+    buf: torch.Tensor,
+    views: dict[str, list[torch.Tensor]],
+    items: list[Any],
+    small: list[Any],
+    spanned: list[tuple[str, int, int, tuple[int, ...], tuple[int, ...]]],
+) -> None:
+    """A stack's run read member by member into the rows of ``buf``: as a small chunk each,
+    or a read item of the reader where that cannot read it."""
+    sizes = run.box.sizes[1:]
+    zeros = (0,) * len(sizes)
+    first = run.box.offsets[0]
+    parts = buf.unbind(0)
+    chunks = entries.stacked(t, run.chunk, first, parts)
+    for member, part, c in zip(t.members[first:], parts, chunks):
+        mine = views.setdefault(member.key, [])
+        mine.append(part)
+        where = (member.key, len(mine) - 1, run.chunk, zeros, sizes)
+        if c is None:
+            items.append(_run_item(member, *where[1:]))
+        else:
+            small.append(c)
+            spanned.append(where)
+
+
 def _run_reader(
     reader: Any,
     items: list[Any],
@@ -838,29 +921,21 @@ def _read_once(
     spanned: list[tuple[str, int, int, tuple[int, ...], tuple[int, ...]]] = []
     views: dict[str, list[torch.Tensor]] = {}  # a stack's members' parts of its runs' buffers
     entries = _SmallEntries(reader, targets)
+    stacks: list[tuple[Target, Run, torch.Tensor, Any]] = []  # runs read by .stack_spans
     whole = {t.key for t in targets if world > 1 and _read_in_place(t, world)}
     for run in runs:
         if run.reader != rank:
             continue
         t = by_key[run.key]
         stats.data_bytes += run.nbytes
-        if t.members:  # the same chunk of members m0, m0 + 1, ...: each read into its part
+        if t.members:  # the same chunk of members m0, m0 + 1, ...: each read into its row
             buf = torch.empty(run.box.sizes, dtype=t.saved.properties.dtype)
             held.setdefault(run.key, []).append(buf)
-            sizes = run.box.sizes[1:]
-            zeros = (0,) * len(sizes)
-            first = run.box.offsets[0]
-            parts = buf.unbind(0)
-            chunks = entries.stacked(t, run.chunk, first, parts)
-            for member, part, c in zip(t.members[first:], parts, chunks):
-                mine = views.setdefault(member.key, [])
-                mine.append(part)
-                where = (member.key, len(mine) - 1, run.chunk, zeros, sizes)
-                if c is None:
-                    items.append(_run_item(member, *where[1:]))
-                else:
-                    small.append(c)
-                    spanned.append(where)
+            stacked = entries.stack_run(t, run.chunk, run.box.offsets[0], buf)
+            if stacked is not None:
+                stacks.append((t, run, buf, stacked))
+            else:
+                _stack_chunks(entries, t, run, buf, views, items, small, spanned)
             continue
         chunk = t.saved.chunks[run.chunk]
         mine = held.setdefault(run.key, [])
@@ -895,6 +970,9 @@ def _read_once(
         else:
             small.append(c)
             spanned.append(where)
+    if not _read_stacks(reader, [s for *_, s in stacks], stats):
+        for t, run, buf, _ in stacks:
+            _stack_chunks(entries, t, run, buf, views, items, small, spanned)
     if not _read_small(reader, small, stats):
         owner = {**by_key, **{m.key: m for t in targets for m in t.members}}
         items += [_run_item(owner[w[0]], *w[1:]) for w in spanned]

@@ -47,7 +47,8 @@ class CollectiveLoad(Adapter):
         new offset; a gap when no chunk can move), each chunk left finding bytes of its
         size; then the implementation's collective load (CKPT-23 to CKPT-27) on
         ``load_pool``'s ranks into ``{"t": load, "v": {"n": 0}, "w": 0}`` (``load`` as in
-        :meth:`checkpoint_round_trip`, or ``{"kind": "plain"}``: a plain tensor on every rank)
+        :meth:`checkpoint_round_trip`, or ``{"kind": "plain"}``: a plain tensor on every rank,
+        with ``"parameter": True`` an ``nn.Parameter`` of one, as ``named_parameters()`` gives)
         with ``reads`` (and ``storage``, what ``reads="auto"`` is told of the storage, when not
         None: CKPT-25; ``max_buffer_bytes`` and ``thread_count``, the load's bound on its
         exchange buffers and its reading threads, when the implementation has them). Per load

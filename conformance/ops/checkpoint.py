@@ -271,8 +271,9 @@ def _collective_load_on(
     with torch, ``dcp.load`` with DCP's default planner and reader (its only way to read), or
     with its ``HuggingFaceStorageReader``.
     The tensor as in ``checkpoint.load``, or (``kind`` plain) a plain tensor of ``fill`` on
-    every rank. Shardspec's load takes ``max_buffer_bytes`` and ``thread_count`` when given
-    (dcp.load has neither: they bound memory and threads, never what is loaded). With ``odd``
+    every rank (with ``parameter``, an ``nn.Parameter`` of it). Shardspec's load takes
+    ``max_buffer_bytes`` and ``thread_count`` when given (dcp.load has neither: they bound
+    memory and threads, never what is loaded). With ``odd``
     (shardspec's only), pool rank ``odd["rank"]`` alone passes another ``reads`` or
     ``max_buffer_bytes``, or leaves the value ``odd["drop"]`` out of its state dict.
     Returns ``error`` (what this rank raised, or None), the loaded value, the rank's load
@@ -289,6 +290,8 @@ def _collective_load_on(
         if args["kind"] == "plain":
             shape = tuple(args["shape"])
             objs[key] = torch.full(shape, args["fill"], dtype=dtype, device=ctx.device)
+            if args.get("parameter"):  # dict(model.named_parameters()): a subclass
+                objs[key] = torch.nn.Parameter(objs[key], requires_grad=False)
         else:
             objs[key] = _target(ctx, args, part, via, group, mesh)
     hf = bool(args.get("safetensors"))
@@ -333,7 +336,7 @@ def _collective_load_on(
             facts["coordinate"] = obj.device_mesh.get_coordinate()
             out.append(obj.to_local())
         else:
-            out.append(obj)
+            out.append(obj.detach() if isinstance(obj, torch.nn.Parameter) else obj)
     return facts, out
 
 

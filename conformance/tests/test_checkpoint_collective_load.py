@@ -58,7 +58,9 @@ def collective_loads(draw: st.DrawFn) -> dict[str, Any]:
     read mode and, one time in five, a damaged checkpoint."""
     c = draw(round_trips())
     if draw(st.integers(0, 4)) == 0:
-        c["load"] = {"kind": "plain"}
+        # a plain tensor on every rank, or a parameter of one: a subclass the load cannot
+        # read into in place, so the rank that reads it copies what it broadcast
+        c["load"] = {"kind": "plain", **({"parameter": True} if draw(st.booleans()) else {})}
     _maybe_on_sub_meshes(draw, c["load"])
     c["reads"] = draw(st.sampled_from(READS))
     c["storage"] = draw(st.sampled_from(STORAGE))
@@ -315,6 +317,14 @@ BIG_CHUNKS_ON_4 = {
 # (CKPT-24), its stacked chunks cut across the members into runs of several.
 STACKED_ONCE = {**ROWS_TO_COLUMNS_BF16, "reads": "once", "damage": None, "copies": 24}
 
+# A tensor every rank holds whole, read once: its runs of at most 256 KiB are broadcast packed
+# with its copies' (one broadcast a reader), into parameters, which the load cannot read into
+# in place (so each reader copies back what it broadcast); runs of 300 KiB go one by one.
+PARAMETERS_PLAIN_ONCE = {**ROWS_TO_PLAIN_ONCE, "load": {"kind": "plain", "parameter": True},
+                         "copies": 3}  # fmt: skip
+BIG_PLAIN_ONCE = {**BIG_CHUNKS_ON_4, "load_world": 2, "load": {"kind": "plain", "parameter": True},
+                  "reads": "once"}  # fmt: skip
+
 # 64 row chunks loaded as columns on 2 ranks, told the storage is local: "own" would read every
 # chunk whole on both ranks; for 25 such tensors that costs more than "once"'s exchange
 # (CKPT-25), for one it does not.
@@ -361,6 +371,8 @@ def _examples(test: Any) -> Any:
         ROWS_TO_COLUMNS_OWN,
         TRUNCATED_ONCE,
         ROWS_TO_PLAIN_ONCE,
+        PARAMETERS_PLAIN_ONCE,
+        BIG_PLAIN_ONCE,
         STACKED_ONCE,
         SHARED_SMALL_CHUNKS_LOCAL,
         ONE_SHARED_SMALL_CHUNKS_LOCAL,

@@ -265,7 +265,11 @@ def _broadcast_whole(
 ) -> set[str]:
     """Deliver the tensors every rank holds whole: each run broadcast by its reader straight
     into every rank's destination (the executor would pack W-1 copies of it into one send
-    buffer), through a buffer on the GPU under NCCL where the destination is elsewhere.
+    buffer), through a buffer on the GPU under NCCL where the destination is elsewhere; the
+    runs of at most :data:`PACKED_RUN_BYTES` packed per reader into one broadcast of up to
+    :data:`PACK_BYTES` (a model's replicated norms and biases are hundreds of tensors of a few
+    KiB, and a broadcast costs as much for 1 KiB as for 100 KiB). Which runs are packed, and
+    in which order the broadcasts go, follows from the layouts alone: the same on every rank.
     Returns their keys."""
     import torch
     import torch.distributed as dist
@@ -276,6 +280,8 @@ def _broadcast_whole(
     for run in runs:
         by_key.setdefault(run.key, []).append(run)
     done: set[str] = set()
+    # per reader: (its runs' destinations, this rank's read copy or None, bytes so far)
+    packs: dict[int, tuple[list[tuple[torch.Tensor, torch.Tensor | None]], list[int]]] = {}
     with torch.no_grad():
         for t in targets:
             if t.dst.numel == 0 or world == 1 or not whole_on_every_rank(t.dst, world):
@@ -285,9 +291,16 @@ def _broadcast_whole(
             mine = iter(held.pop(t.key, []))  # this rank's runs, in the runs' order
             for run in by_key.get(t.key, []):
                 view = out[run.box.slices()]
+                got = next(mine) if run.reader == rank else None
+                if run.box.numel * out.element_size() <= PACKED_RUN_BYTES:
+                    pack, size = packs.setdefault(run.reader, ([], [0]))
+                    pack.append((view, got))
+                    size[0] += _aligned(run.box.numel * out.element_size())
+                    if size[0] >= PACK_BYTES:
+                        _broadcast_pack(packs.pop(run.reader)[0], run.reader, group, comm)
+                    continue
                 done_here = False  # the destination holds the run already (read in place)
-                if run.reader == rank:
-                    got = next(mine)
+                if got is not None:
                     done_here = _same_memory(got, view)
                     buf = got.to(wire)
                     if not buf.is_contiguous():
@@ -296,14 +309,60 @@ def _broadcast_whole(
                     buf = view
                 else:
                     buf = torch.empty(run.box.sizes, dtype=out.dtype, device=wire)
-                src = run.reader if group is None else dist.get_global_rank(group, run.reader)
                 # as bytes: gloo broadcasts no int16, bool, uint16... (a contiguous buffer's
                 # reshape is a view, so the bytes land in it)
-                dist.broadcast(buf.reshape(-1).view(torch.uint8), src, group=group)
+                dist.broadcast(buf.reshape(-1).view(torch.uint8), _global_rank(group, run.reader),
+                               group=group)  # fmt: skip
                 if buf is not view and not done_here:
                     view.copy_(buf)
             done.add(t.key)
+        for reader in sorted(packs):
+            _broadcast_pack(packs[reader][0], reader, group, comm)
     return done
+
+
+# A run of a tensor every rank holds whole travels packed with others up to this size, in
+# packs of up to PACK_BYTES (each a buffer beside the destinations on every rank).
+PACKED_RUN_BYTES = 256 << 10
+PACK_BYTES = 16 << 20
+_ALIGN = 64  # each run's place in a pack: any dtype's view of it is aligned
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _global_rank(group: dist.ProcessGroup | None, rank: int) -> int:
+    import torch.distributed as dist
+
+    return rank if group is None else dist.get_global_rank(group, rank)
+
+
+def _broadcast_pack(
+    pack: list[tuple[torch.Tensor, torch.Tensor | None]],
+    reader: int,
+    group: dist.ProcessGroup | None,
+    comm: torch.device,
+) -> None:
+    """One broadcast from ``reader`` of the runs of ``pack`` (each a destination view, and on
+    the reader the run it read), each at an aligned place of one byte buffer on ``comm``."""
+    import torch
+    import torch.distributed as dist
+
+    places, total = [], 0
+    for view, _ in pack:
+        n = view.numel() * view.element_size()
+        places.append((total, n))
+        total += _aligned(n)
+    buf = torch.empty(total, dtype=torch.uint8, device=comm)
+    if any(got is not None for _, got in pack):  # the reader: its runs into the buffer
+        for (view, got), (at, n) in zip(pack, places):
+            assert got is not None
+            buf[at : at + n].view(view.dtype).view(view.shape).copy_(got)
+    dist.broadcast(buf, _global_rank(group, reader), group=group)
+    for (view, got), (at, n) in zip(pack, places):
+        if got is None or not _same_memory(got, view):
+            view.copy_(buf[at : at + n].view(view.dtype).view(view.shape))
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:

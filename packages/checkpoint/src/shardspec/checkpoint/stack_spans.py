@@ -286,8 +286,6 @@ def _gather(
 ) -> None:
     """The saved tensors whose data starts at bytes ``data`` of ``buf`` copied into their
     rows: a row of bytes each, read as the dtype and strided as saved."""
-    import math
-
     import numpy as np
     import torch
 
@@ -296,7 +294,7 @@ def _gather(
     last = first + sum((n - 1) * st for n, st in zip(size, saved.stride))
     width = (last + 1 - first) * itemsize
     windows = buf.as_strided((buf.numel() - width + 1, width), (1, 1))
-    dense = saved.stride == _contiguous(size) and width == math.prod(size) * itemsize
+    dense = saved.is_dense(size)  # then its window is the rows' bytes as they are
     for run in np.unique(run_of).tolist():
         mine = run_of == run
         rows, at = row_of[mine], data[mine]
@@ -319,11 +317,3 @@ def _gather(
             into.copy_(src)
         else:
             out[torch.from_numpy(rows)] = src
-
-
-def _contiguous(size: tuple[int, ...]) -> tuple[int, ...]:
-    out, step = [], 1
-    for n in reversed(size):
-        out.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(out))

@@ -343,6 +343,23 @@ ONE_SHARED_SMALL_CHUNKS_LOCAL = {**SHARED_SMALL_CHUNKS_LOCAL, "copies": 0}
 # 4 tensors of 80 row chunks read once on 4 ranks: the metadata travels as columns (CKPT-23),
 # where each member's storage entry of a stack is one row of them.
 STACKED_ONCE_ON_4 = {**MANY_CHUNKS_ON_4, "reads": "once", "copies": 3}
+# Tensors of 255 KiB saved whole, each chunk's archive past the 256 KiB a rank reads whole
+# though its data is not: a stack whose runs the load cannot read at once, read member by member
+# through the reader.
+NEAR_THE_WHOLE_READ = (255 << 10) // 4
+STACKED_PAST_WHOLE_READS_ON_4 = {
+    "save_world": 2,
+    "load_world": 4,
+    "saved": Layout((NEAR_THE_WHOLE_READ,), [Shard(Box((0,), (NEAR_THE_WHOLE_READ,)), 1)]),
+    "load": {
+        "kind": "sharded",
+        "layout": layout_to_json(chunk_layout((NEAR_THE_WHOLE_READ,), 0, [0, 1, 2, 3])),
+    },
+    "tensor": torch.arange(NEAR_THE_WHOLE_READ, dtype=torch.float32),
+    "reads": "once",
+    "damage": None,
+    "copies": 1,
+}
 
 
 # torch's known defect wherever a damaged checkpoint is drawn (CKPT-26)
@@ -377,6 +394,7 @@ def _examples(test: Any) -> Any:
         SHARED_SMALL_CHUNKS_LOCAL,
         ONE_SHARED_SMALL_CHUNKS_LOCAL,
         STACKED_ONCE_ON_4,
+        STACKED_PAST_WHOLE_READS_ON_4,
         MANY_CHUNKS,
         MANY_CHUNKS_ON_4,
         INDEXED_CHUNKS_ON_4,

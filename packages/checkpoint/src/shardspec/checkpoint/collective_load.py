@@ -726,10 +726,16 @@ class _SmallEntries:
         zeros = (0,) * len(sizes)
         piece, small, at_name = self._piece, self._small_chunk, self._at_name
         out: list[Any] = []
-        for m, part in zip(stack.members[first:], parts):
+        members = stack.members[first : first + len(parts)]
+        rows = (
+            self._columns.entries_at([m.key for m in members], si).tolist()
+            if self._columns is not None
+            else []
+        )
+        for k, (m, part) in enumerate(zip(members, parts)):
             index: Any = None
             if self._columns is not None:
-                f, offset, length = self._columns.row(m.key, si)
+                f, offset, length = rows[k]
                 if f >= 0 and length <= WHOLE_ITEM_BYTES:
                     index, where = at_name(m.key, offsets, si), self._path(f)
             else:

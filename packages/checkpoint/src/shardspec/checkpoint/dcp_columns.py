@@ -302,12 +302,6 @@ class ColumnStorage(Mapping[Any, Any]):
         offsets, sizes = chunks.arrays
         return offsets[positions].tolist(), sizes[positions].tolist(), entries[positions].tolist()
 
-    def row(self, fqn: str, position: int) -> list[int]:
-        """The entry of chunk ``position`` of ``fqn`` as :meth:`rows` gives it, alone: (file
-        number, offset, length)."""
-        out: list[int] = self._per[fqn][1][position].tolist()
-        return out
-
     def entries_at(self, fqns: Sequence[str], position: int) -> npt.NDArray[np.int64]:
         """The entry of chunk ``position`` of each of ``fqns`` (tensors of the same chunks) as
         rows of (file number, offset, length), :meth:`rows`' values, in one gather: a stack's

@@ -67,9 +67,7 @@ def _write(
     return np.array(rows, dtype=np.int64), paths
 
 
-def _runs(
-    members: list[Any], rows: Any, paths: dict[int, str], cuts: list[int], dtype: Any
-) -> list[StackRun]:
+def _runs(members: list[Any], rows: Any, cuts: list[int], dtype: Any) -> list[StackRun]:
     """The members cut at ``cuts`` into runs, each with a fresh buffer."""
     out = []
     bounds = [0, *sorted(set(cuts)), len(members)]
@@ -78,7 +76,7 @@ def _runs(
             continue
         buf = torch.full((b - a, *members[0].shape), 7, dtype=dtype)
         fqns = [f"layers.{i}.w" for i in range(a, b)]
-        out.append(StackRun(buf, fqns, 1, (4, 0), rows[a:b], paths.__getitem__))
+        out.append(StackRun(buf, fqns, 1, (4, 0), rows[a:b]))
     return out
 
 
@@ -114,11 +112,11 @@ def test_every_member_lands_in_its_row_bit_for_bit(
     members = [random_tensor(case["shape"], dtype, i) for i in range(case["n"])]
     archives = [_archive(_saved_as(t, h)) for t, h in zip(members, case["hows"])]
     rows, paths = _write(tmp, archives, case["file_of"], case["order"], case["gaps"])
-    runs = _runs(members, rows, paths, case["cuts"], dtype)
+    runs = _runs(members, rows, case["cuts"], dtype)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(stack_spans, "_SPAN_BYTES", case["span"])
-        m.setattr(stack_spans, "_BATCH_BYTES", case["batch"])
-        nread, ranges = read_stacks(runs)
+        m.setattr(stack_spans, "SPAN_BYTES", case["span"])
+        m.setattr(stack_spans, "BATCH_BYTES", case["batch"])
+        nread, ranges = read_stacks(runs, paths.__getitem__)
     got = [row for r in runs for row in r.out.unbind(0)]
     for i, (want, row) in enumerate(zip(members, got)):
         assert same_bits(row, want), (i, case["hows"][i])
@@ -140,7 +138,7 @@ def _one_case(tmp: Path, n: int = 6) -> tuple[list[Any], Any, dict[int, str]]:
 
 
 def _read(members: list[Any], rows: Any, paths: dict[int, str]) -> None:
-    read_stacks(_runs(members, rows, paths, [], torch.float32))
+    read_stacks(_runs(members, rows, [], torch.float32), paths.__getitem__)
 
 
 @pytest.mark.rule("CKPT-24", "CKPT-26")
@@ -233,9 +231,9 @@ def test_a_flipped_byte_before_any_members_data_reads_as_that_member_alone(
         data[at : at + len(archive)] = flipped
         f.write_bytes(bytes(data))
         want = _alone(bytes(flipped), torch.float32, (3, 4))
-        runs = _runs(members, rows, paths, [], torch.float32)
+        runs = _runs(members, rows, [], torch.float32)
         try:
-            read_stacks(runs)
+            read_stacks(runs, paths.__getitem__)
         except (CheckpointReadError, UnsupportedItem) as e:
             assert want is None, (k, e)
             raised += 1

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -32,14 +32,17 @@ from .dcp_files import DamagedItem, HeaderCache, SavedTensor, read_file_range
 from .dcp_reader import WHOLE_ITEM_BYTES, CheckpointReadError, _where, truncated
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
     import torch
 
-__all__ = ["Piece", "SmallChunk", "read_spans", "small_entry"]
+__all__ = ["BATCH_BYTES", "SPAN_BYTES", "Piece", "SmallChunk", "read_into", "read_spans",
+           "small_entry"]  # fmt: skip
 
 # A run of adjacent chunks is read in one pread up to this many bytes.
-_SPAN_BYTES = 16 << 20
+SPAN_BYTES = 16 << 20
 # Spans held in memory at once (their pieces are copied out before the next are read).
-_BATCH_BYTES = 256 << 20
+BATCH_BYTES = 256 << 20
 # The windows of one gather (a piece's bytes per destination) are cut to this.
 _INDEX_BYTES = 64 << 20
 
@@ -135,7 +138,7 @@ def _batches(
     total = 0
     for path, span in spans:
         n = span[-1].offset + span[-1].length - span[0].offset
-        if not out or total + n > _BATCH_BYTES:
+        if not out or total + n > BATCH_BYTES:
             out.append([])
             total = 0
         out[-1].append((path, span))
@@ -147,54 +150,66 @@ def _read_batch(batch: list[tuple[str, list[SmallChunk]]]) -> tuple[torch.Tensor
     """The spans of ``batch`` read into one buffer; where each starts in it."""
     import torch
 
-    at, total = [], 0
-    for _, span in batch:
+    at, total, spans = [], 0, []
+    for path, span in batch:
         at.append(total)
-        total += span[-1].offset + span[-1].length - span[0].offset
+        stop = span[-1].offset + span[-1].length
+        spans.append((path, span[0].offset, stop, total))
+        total += stop - span[0].offset
     buf = torch.empty(total, dtype=torch.uint8)
-    view = buf.numpy()
+
+    def name(i: int, size: int) -> tuple[Any, int, int]:
+        c = next(c for c in batch[i][1] if c.offset + c.length > size)
+        return c.index, c.offset, c.length
+
+    read_into(buf.numpy(), spans, name)
+    return buf, at
+
+
+def read_into(
+    view: npt.NDArray[np.uint8],
+    spans: Sequence[tuple[str, int, int, int]],
+    name: Callable[[int, int], tuple[Any, int, int]],
+) -> None:
+    """Each span ``(path, start, stop, at)`` of ``spans`` read into ``view[at:]``, in one
+    ``pread`` (a file opened once for the spans that follow each other in it). ``name(i,
+    size)`` is what an error names for span ``i``: the (index, offset, length) of its first
+    chunk that ends past ``size`` bytes. A file missing or shorter than a span raises
+    :class:`CheckpointReadError` naming the file and that chunk."""
     fd, open_path = -1, ""
     try:
-        for (path, span), a in zip(batch, at):
+        for i, (path, start, stop, at) in enumerate(spans):
             if path != open_path:
                 if fd >= 0:
                     os.close(fd)
                     fd = -1
-                fd, open_path = _open(path, span[0]), path
-                size = os.fstat(fd).st_size
-            for c in span:
-                if c.offset + c.length > size:
-                    raise truncated(path, c.index, c.offset, c.length, size)
-            n = span[-1].offset + span[-1].length - span[0].offset
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except OSError as e:
+                    where = _where(path, name(i, 0)[0], f"cannot open the file: {e.strerror}")
+                    raise CheckpointReadError(where) from e
+                open_path, size = path, os.fstat(fd).st_size
+            if stop > size:
+                raise truncated(path, *name(i, size), size)
             try:
-                read_file_range(fd, span[0].offset, n, view[a : a + n])
+                read_file_range(fd, start, stop - start, view[at : at + stop - start])
             except (EOFError, OSError) as e:
-                raise CheckpointReadError(_where(path, span[0].index, str(e))) from e
+                raise CheckpointReadError(_where(path, name(i, 0)[0], str(e))) from e
     finally:
         if fd >= 0:
             os.close(fd)
-    return buf, at
-
-
-def _open(path: str, first: SmallChunk) -> int:
-    try:
-        return os.open(path, os.O_RDONLY)
-    except OSError as e:
-        raise CheckpointReadError(
-            _where(path, first.index, f"cannot open the file: {e.strerror}")
-        ) from e
 
 
 def _spans(cs: list[SmallChunk]) -> list[list[SmallChunk]]:
     """Runs of chunks that follow each other in the file (sorted by offset), each at most
-    ``_SPAN_BYTES`` long unless one chunk is longer."""
+    ``SPAN_BYTES`` long unless one chunk is longer."""
     out: list[list[SmallChunk]] = []
     for c in cs:
         if out:
             last = out[-1]
             start = last[0].offset
             prev = last[-1]
-            if c.offset == prev.offset + prev.length and c.offset + c.length - start <= _SPAN_BYTES:
+            if c.offset == prev.offset + prev.length and c.offset + c.length - start <= SPAN_BYTES:
                 last.append(c)
                 continue
         out.append([c])

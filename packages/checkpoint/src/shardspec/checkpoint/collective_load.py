@@ -46,7 +46,7 @@ from shardspec.metadata import Box, Layout
 
 from .dcp_files import UnsupportedItem
 from .dcp_reader import WHOLE_ITEM_BYTES, CheckpointReadError
-from .load_exchange import BYTES_KEY, Target, exchange, replicated, whole_on_every_rank
+from .load_exchange import BYTES_KEY, Target, exchange, global_rank, replicated, whole_on_every_rank
 from .load_reads import STORAGE, Run, TensorReads, assign_reads, choose_reads
 from .load_stacks import stack_targets
 from .load_submeshes import whole_layouts
@@ -337,7 +337,7 @@ def _shared_metadata(
                 blob, kind = _columns_of(blob, where)
         except Exception as e:
             failed, blob = True, f"{type(e).__name__}: {e}".encode("utf-8", "replace")
-    src = dist.get_global_rank(group, 0) if group is not None else 0
+    src = global_rank(group, 0)
     # One broadcast of a fixed size carries the head and a small checkpoint's whole metadata;
     # only what does not fit takes a second one (each costs ~2 ms on 8 gloo ranks, 2 cores).
     first = torch.zeros(_FIRST, dtype=torch.uint8, device=comm)
@@ -457,7 +457,7 @@ def _targets(
         chunks = checked_chunks(fqn, smd)
         if isinstance(obj, DTensor):
             layout = from_dtensor(obj)
-            boxes = layout.boxes_of(_global(group, rank))
+            boxes = layout.boxes_of(global_rank(group, rank))
             # the local tensor itself: to_local() is an autograd Function (~25 us a call)
             local = getattr(obj, "_local_tensor", None)
             if not isinstance(local, torch.Tensor):
@@ -486,14 +486,6 @@ def _group_ranks(group: dist.ProcessGroup | None, world: int) -> dict[int, int] 
     if group is None or group is dist.GroupMember.WORLD:
         return None
     return {dist.get_global_rank(group, g): g for g in range(world)}
-
-
-def _global(group: dist.ProcessGroup | None, rank: int) -> int:
-    import torch.distributed as dist
-
-    if group is None or group is dist.GroupMember.WORLD:
-        return rank
-    return dist.get_global_rank(group, rank)
 
 
 def _in_group(
@@ -765,7 +757,6 @@ class _SmallEntries:
         offsets = tuple(stack.members[0].saved.chunks[si].offsets)
         if self._columns is not None:
             rows = self._columns.entries_at(fqns, si)
-            path: Callable[[int], str] = self._path
         else:  # the unpickled metadata's entries, by key and offsets; files numbered per load
             numbers, names, table = self._numbers, self._names, []
             for k in fqns:
@@ -779,13 +770,13 @@ class _SmallEntries:
                     names.append(info.relative_path)
                 table.append((number, int(info.offset), int(info.length)))
             rows = np.array(table, dtype=np.int64)
-
-            def path(number: int) -> str:
-                return self._path(names[number])
-
         if int(rows[:, 0].min()) < 0 or int(rows[:, 2].max()) > WHOLE_ITEM_BYTES:
             return None
-        return StackRun(out, fqns, si, offsets, rows, path)
+        return StackRun(out, fqns, si, offsets, rows)
+
+    def numbered_path(self, number: int) -> str:
+        """The path of the file :meth:`stack_run`'s entries number ``number``."""
+        return self._path(number if self._columns is not None else self._names[number])
 
     def chunks_of(self, t: Target, boxes: Sequence[Box]) -> list[Any] | None:
         """The saved chunks of ``t`` that ``boxes`` (this rank's) overlap, with the pieces each
@@ -836,13 +827,15 @@ def _read_small(reader: Any, small: list[Any], stats: LoadStats) -> bool:
     return True
 
 
-def _read_stacks(reader: Any, runs: list[Any], stats: LoadStats) -> bool:
+def _read_stacks(
+    reader: Any, runs: list[Any], path: Callable[[int], str], stats: LoadStats
+) -> bool:
     """Read the stacks' ``runs`` (:mod:`.stack_spans`); False when one member's chunk is an
     archive it cannot read in place (they are then read as any small chunks)."""
     from .stack_spans import read_stacks
 
     try:
-        nread, ranges = read_stacks(runs)
+        nread, ranges = read_stacks(runs, path)
     except UnsupportedItem:
         return False
     stats.bytes_read += nread
@@ -976,7 +969,7 @@ def _read_once(
         else:
             small.append(c)
             spanned.append(where)
-    if not _read_stacks(reader, [s for *_, s in stacks], stats):
+    if not _read_stacks(reader, [s for *_, s in stacks], entries.numbered_path, stats):
         for t, run, buf, _ in stacks:
             _stack_chunks(entries, t, run, buf, views, items, small, spanned)
     if not _read_small(reader, small, stats):

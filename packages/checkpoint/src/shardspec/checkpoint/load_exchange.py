@@ -297,7 +297,8 @@ def _broadcast_whole(
                     pack.append((view, got))
                     size[0] += _aligned(run.box.numel * out.element_size())
                     if size[0] >= PACK_BYTES:
-                        _broadcast_pack(packs.pop(run.reader)[0], run.reader, group, comm)
+                        full = packs.pop(run.reader)[0]
+                        _broadcast_pack(full, run.reader, run.reader == rank, group, comm)
                     continue
                 done_here = False  # the destination holds the run already (read in place)
                 if got is not None:
@@ -311,13 +312,13 @@ def _broadcast_whole(
                     buf = torch.empty(run.box.sizes, dtype=out.dtype, device=wire)
                 # as bytes: gloo broadcasts no int16, bool, uint16... (a contiguous buffer's
                 # reshape is a view, so the bytes land in it)
-                dist.broadcast(buf.reshape(-1).view(torch.uint8), _global_rank(group, run.reader),
+                dist.broadcast(buf.reshape(-1).view(torch.uint8), global_rank(group, run.reader),
                                group=group)  # fmt: skip
                 if buf is not view and not done_here:
                     view.copy_(buf)
             done.add(t.key)
         for reader in sorted(packs):
-            _broadcast_pack(packs[reader][0], reader, group, comm)
+            _broadcast_pack(packs[reader][0], reader, reader == rank, group, comm)
     return done
 
 
@@ -332,20 +333,25 @@ def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
-def _global_rank(group: dist.ProcessGroup | None, rank: int) -> int:
+def global_rank(group: dist.ProcessGroup | None, rank: int) -> int:
+    """The global rank of ``group``'s rank ``rank`` (collectives name their source by it)."""
     import torch.distributed as dist
 
-    return rank if group is None else dist.get_global_rank(group, rank)
+    if group is None or group is dist.GroupMember.WORLD:
+        return rank
+    return dist.get_global_rank(group, rank)
 
 
 def _broadcast_pack(
     pack: list[tuple[torch.Tensor, torch.Tensor | None]],
     reader: int,
+    is_reader: bool,
     group: dist.ProcessGroup | None,
     comm: torch.device,
 ) -> None:
     """One broadcast from ``reader`` of the runs of ``pack`` (each a destination view, and on
-    the reader the run it read), each at an aligned place of one byte buffer on ``comm``."""
+    the reader, ``is_reader``, the run it read), each at an aligned place of one byte buffer
+    on ``comm``."""
     import torch
     import torch.distributed as dist
 
@@ -355,11 +361,11 @@ def _broadcast_pack(
         places.append((total, n))
         total += _aligned(n)
     buf = torch.empty(total, dtype=torch.uint8, device=comm)
-    if any(got is not None for _, got in pack):  # the reader: its runs into the buffer
+    if is_reader:
         for (view, got), (at, n) in zip(pack, places):
             assert got is not None
             buf[at : at + n].view(view.dtype).view(view.shape).copy_(got)
-    dist.broadcast(buf, _global_rank(group, reader), group=group)
+    dist.broadcast(buf, global_rank(group, reader), group=group)
     for (view, got), (at, n) in zip(pack, places):
         if got is None or not _same_memory(got, view):
             view.copy_(buf[at : at + n].view(view.dtype).view(view.shape))

@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .chunk_spans import ChunkAt
-from .dcp_files import _EOCD, DamagedItem, HeaderCache, SavedTensor, read_file_range
-from .dcp_reader import CheckpointReadError, _where, truncated
+from .chunk_spans import BATCH_BYTES, SPAN_BYTES, ChunkAt, read_into
+from .dcp_files import _EOCD, DamagedItem, HeaderCache, SavedTensor
+from .dcp_reader import CheckpointReadError, _where
 
 if TYPE_CHECKING:
     import numpy as np
@@ -31,11 +31,6 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["StackRun", "read_stacks"]
-
-# A span of adjacent chunks is cut where it passes a multiple of this many bytes from its start.
-_SPAN_BYTES = 16 << 20
-# Spans held in memory at once (their chunks are copied out before the next are read).
-_BATCH_BYTES = 256 << 20
 
 
 @dataclass
@@ -48,11 +43,13 @@ class StackRun:
     position: int
     offsets: tuple[int, ...]  # the chunk's, in each member (errors name it)
     entries: npt.NDArray[np.int64]  # per member: file number, offset, length
-    path: Callable[[int], str]  # a file number's path
 
 
-def read_stacks(runs: Sequence[StackRun]) -> tuple[int, list[tuple[str, int, int]]]:
-    """Read every member's chunk of ``runs`` into its row. Returns the bytes read and the
+def read_stacks(
+    runs: Sequence[StackRun], path: Callable[[int], str]
+) -> tuple[int, list[tuple[str, int, int]]]:
+    """Read every member's chunk of ``runs`` into its row (``path`` of a file number of their
+    entries: its path). Returns the bytes read and the
     (file, start, stop) of each read (a few a file). Raises :class:`CheckpointReadError` naming
     the file, the tensor and the chunk, as :func:`.chunk_spans.read_spans` does."""
     import numpy as np
@@ -65,7 +62,7 @@ def read_stacks(runs: Sequence[StackRun]) -> tuple[int, list[tuple[str, int, int
     files = np.concatenate([r.entries[:, 0] for r in runs])
     offsets = np.concatenate([r.entries[:, 1] for r in runs])
     lengths = np.concatenate([r.entries[:, 2] for r in runs])
-    paths = {int(f): runs[0].path(int(f)) for f in np.unique(files).tolist()}
+    paths = {int(f): path(int(f)) for f in np.unique(files).tolist()}
     order = np.lexsort((offsets, files))
     run_of, row_of = run_of[order], row_of[order]
     files, offsets, lengths = files[order], offsets[order], lengths[order]
@@ -101,14 +98,14 @@ def _spans(
     files: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.int64]:
     """(first, stop) rows of each run of chunks that follow each other in one file (sorted by
-    file and offset), cut where it passes a multiple of ``_SPAN_BYTES`` from its start."""
+    file and offset), cut where it passes a multiple of ``SPAN_BYTES`` from its start."""
     import numpy as np
 
     n = len(offsets)
     new = np.ones(n, dtype=bool)
     new[1:] = (files[1:] != files[:-1]) | (offsets[1:] != offsets[:-1] + lengths[:-1])
     begin = offsets[new][np.cumsum(new) - 1]
-    part = (offsets - begin) // _SPAN_BYTES
+    part = (offsets - begin) // SPAN_BYTES
     new[1:] |= part[1:] != part[:-1]
     heads = np.flatnonzero(new)
     out: npt.NDArray[np.int64] = np.stack([heads, np.append(heads[1:], n)], axis=1)
@@ -118,13 +115,13 @@ def _spans(
 def _batches(
     spans: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
 ) -> list[tuple[int, int]]:
-    """Consecutive spans of at most ``_BATCH_BYTES`` together (a longer one alone), as
+    """Consecutive spans of at most ``BATCH_BYTES`` together (a longer one alone), as
     [lo, hi) of ``spans``."""
     sizes = (offsets[spans[:, 1] - 1] + lengths[spans[:, 1] - 1] - offsets[spans[:, 0]]).tolist()
     out: list[tuple[int, int]] = []
     total = 0
     for i, n in enumerate(sizes):
-        if not out or total + n > _BATCH_BYTES:
+        if not out or total + n > BATCH_BYTES:
             out.append((i, i))
             total = 0
         out[-1] = (out[-1][0], i + 1)
@@ -155,35 +152,17 @@ def _read(
     """The spans read into ``buf``; a file that is missing or ends before a chunk named."""
     import numpy as np
 
-    view = buf.numpy()
-    fd, open_file = -1, -1
-    try:
-        for (a, b), s, e, x in zip(span_list, starts.tolist(), stops.tolist(), at.tolist()):
-            f = int(files[a])
-            path = paths[f]
-            if f != open_file:
-                if fd >= 0:
-                    os.close(fd)
-                    fd = -1
-                try:
-                    fd = os.open(path, os.O_RDONLY)
-                except OSError as err:
-                    where = _where(path, _name(runs, int(run_of[a]), int(row_of[a])),
-                                   f"cannot open the file: {err.strerror}")  # fmt: skip
-                    raise CheckpointReadError(where) from err
-                open_file, size = f, os.fstat(fd).st_size
-            if e > size:
-                past = a + int(np.argmax(offsets[a:b] + lengths[a:b] > size))
-                name = _name(runs, int(run_of[past]), int(row_of[past]))
-                raise truncated(path, name, int(offsets[past]), int(lengths[past]), size)
-            try:
-                read_file_range(fd, s, e - s, view[x : x + e - s])
-            except (EOFError, OSError) as err:
-                name = _name(runs, int(run_of[a]), int(row_of[a]))
-                raise CheckpointReadError(_where(path, name, str(err))) from err
-    finally:
-        if fd >= 0:
-            os.close(fd)
+    def name(i: int, size: int) -> tuple[Any, int, int]:
+        a, b = span_list[i]
+        past = a + int(np.argmax(offsets[a:b] + lengths[a:b] > size))
+        index = _name(runs, int(run_of[past]), int(row_of[past]))
+        return index, int(offsets[past]), int(lengths[past])
+
+    spans = [
+        (paths[int(files[a])], s, e, x)
+        for (a, _), s, e, x in zip(span_list, starts.tolist(), stops.tolist(), at.tolist())
+    ]
+    read_into(buf.numpy(), spans, name)
 
 
 def _fill(

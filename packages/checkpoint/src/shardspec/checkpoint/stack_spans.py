@@ -241,17 +241,18 @@ def _same_bytes(
     """Whether each archive of ``length`` bytes at ``starts`` has the bytes of the one at
     ``head`` up to its data (``data_offset``) and in its end record."""
     import numpy as np
-    import torch
 
+    # NumPy, not torch: torch's comparison and reduction of 2,000 rows of a few hundred bytes
+    # took 3.2 ms on one thread here (more beside other ranks' threads), NumPy's 0.45 ms
+    view = buf.numpy()
     same = np.ones(len(starts), dtype=bool)
     tail = min(_EOCD.size, length)
     for lo, n in ((0, data_offset), (length - tail, tail)):
         if n <= 0:
             continue
-        want = torch.frombuffer(bytearray(raw[head + lo : head + lo + n]), dtype=torch.uint8)
-        windows = buf.as_strided((buf.numel() - n + 1, n), (1, 1))
-        got = windows.index_select(0, torch.from_numpy(starts + lo))
-        same &= got.eq(want).all(dim=1).numpy()
+        want = np.frombuffer(raw[head + lo : head + lo + n], dtype=np.uint8)
+        windows = np.lib.stride_tricks.as_strided(view, (view.size - n + 1, n), (1, 1))
+        same &= (windows[starts + lo] == want).all(axis=1)
     return same
 
 

@@ -322,6 +322,9 @@ STACKED_ONCE = {**ROWS_TO_COLUMNS_BF16, "reads": "once", "damage": None, "copies
 # in place (so each reader copies back what it broadcast); runs of 300 KiB go one by one.
 PARAMETERS_PLAIN_ONCE = {**ROWS_TO_PLAIN_ONCE, "load": {"kind": "plain", "parameter": True},
                          "copies": 3}  # fmt: skip
+# The same on 4 ranks: a pack from each of 3 or 4 readers, more than are kept in flight, so a
+# rank copies the first's runs out while the others travel.
+PARAMETERS_PLAIN_ONCE_ON_4 = {**PARAMETERS_PLAIN_ONCE, "load_world": 4}
 BIG_PLAIN_ONCE = {**BIG_CHUNKS_ON_4, "load_world": 2, "load": {"kind": "plain", "parameter": True},
                   "reads": "once"}  # fmt: skip
 
@@ -389,6 +392,7 @@ def _examples(test: Any) -> Any:
         TRUNCATED_ONCE,
         ROWS_TO_PLAIN_ONCE,
         PARAMETERS_PLAIN_ONCE,
+        PARAMETERS_PLAIN_ONCE_ON_4,
         BIG_PLAIN_ONCE,
         STACKED_ONCE,
         SHARED_SMALL_CHUNKS_LOCAL,

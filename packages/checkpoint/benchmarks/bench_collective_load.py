@@ -4,7 +4,8 @@ the same run (spec/09-checkpoint.md, CKPT-23 to CKPT-27); and the load's protoco
 world size on simulated worlds.
 
 Cases, on local gloo ranks (a ``RankPool`` per world size, started once), built by
-``bench_dcp_load`` (``many``, ``cols``, ``grid``, ``big``, ``pre``) and here (``rep``):
+``bench_dcp_load`` (``many``, ``cols``, ``grid``, ``big``, ``pre``) and here (``rep``,
+``reps``):
 
 * ``many``  2,000 float32 tensors of 48 x 40 saved on 4 ranks as ``Shard(0)``, loaded as
   ``Shard(1)`` on 2 and on 4.
@@ -14,6 +15,9 @@ Cases, on local gloo ranks (a ``RankPool`` per world size, started once), built 
   saved from 4 ranks (DCP saves each replicated tensor once) and loaded ``Replicate`` on 4.
   ``reads="own"`` and ``dcp.load`` read it once per rank (4 GiB per job); ``reads="once"``
   reads it once per job.
+* ``reps``  300 float32 tensors of 16 KiB (a model's norms and biases), DTensor ``Replicate``
+  on a 4-mesh, saved and loaded as ``rep``: ``reads="once"`` broadcasts them in packs
+  (CKPT-24), its exchange floor the same broadcasts of raw buffers.
 * ``shared``  the ``rep`` checkpoint on simulated shared storage: every byte a rank's load
   reads from a data file (``os.pread``/``os.preadv``, and each private mapping of a file by
   its length when it is made) first reserves ``n / B`` seconds of one pipe that every rank of
@@ -107,6 +111,7 @@ from shardspec.metadata import Box, chunk_layout
 from shardspec.testing import RankPool
 
 REP_TENSORS, REP_SHAPE = 8, (512 if QUICK else 32_768, 1024)  # float32: 2 MiB quick, 128 MiB
+REPS_TENSORS, REPS_SHAPE = (30 if QUICK else 300), (64, 64)  # float32: 16 KiB
 # A simulated world runs its ranks' work one after another: W = 1024 took 9-15 s here once
 # rank 0 sent the metadata as columns (it did not finish in 25 minutes before, 2026-11-28).
 SIM_WORLDS = (8, 64) if QUICK else (8, 64, 256, 1024)
@@ -120,28 +125,32 @@ VARIANTS = (*LOADERS, "floor", "floor-W", "a2a")
 # ---------------------------------------------------------------- rank side
 
 
-def _rep(world: int, zero: bool) -> dict[str, Any]:
+def _rep(world: int, zero: bool, n: int, shape: tuple[int, ...]) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate
 
     mesh = init_device_mesh("cpu", (world,))
     out = {}
-    for i in range(REP_TENSORS):
+    for i in range(n):
         if zero:
-            full = torch.zeros(REP_SHAPE)
+            full = torch.zeros(shape)
         else:  # cheap to make, distinct per tensor
-            full = torch.arange(math.prod(REP_SHAPE), dtype=torch.float32).reshape(REP_SHAPE)
+            full = torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape)
             full.add_(i * 0.25)
         out[f"rep{i}.w"] = DTensor.from_local(full, mesh, [Replicate()], run_check=False)
     return out
 
 
 def _state(case: str, world: int, zero: bool) -> dict[str, Any]:
-    return _rep(world, zero) if case == "rep" else _dcp_state(case, world, zero)
+    if case == "rep":
+        return _rep(world, zero, REP_TENSORS, REP_SHAPE)
+    if case == "reps":
+        return _rep(world, zero, REPS_TENSORS, REPS_SHAPE)
+    return _dcp_state(case, world, zero)
 
 
 def save(rank: int, world: int, path: str, case: str) -> None:
-    if case != "rep":
+    if case not in ("rep", "reps"):
         _dcp_save(rank, world, path, case)
         return
     import torch.distributed.checkpoint as dcp
@@ -943,8 +952,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small cases: a smoke run, not figures")
     ap.add_argument(
         "--cases",
-        default="many,cols,grid,big,rep,shared,pre,scale",
-        help="comma-separated subset of many, cols, grid, big, rep, shared, pre, scale "
+        default="many,cols,grid,big,rep,reps,shared,pre,scale",
+        help="comma-separated subset of many, cols, grid, big, rep, reps, shared, pre, scale "
         "(default: all)",
     )
     ap.add_argument(
@@ -976,7 +985,9 @@ def main() -> None:
     rows: list[tuple[str, dict[str, Any]]] = []
     offline: list[tuple[str, float]] = []
     shared: tuple[str, dict[str, Any]] = ("", {})
-    worlds = {4} if cases & {"many", "cols", "grid", "big", "rep", "shared", "pre"} else set()
+    worlds = (
+        {4} if cases & {"many", "cols", "grid", "big", "rep", "reps", "shared", "pre"} else set()
+    )
     worlds |= {2} if cases & {"many", "big", "pre"} else set()
     worlds |= {8} if cases & {"big", "pre"} else set()
     gib = _size(math.prod(BIG_SHAPE) * 4)
@@ -1021,6 +1032,13 @@ def main() -> None:
                 )
             if cases & {"rep", "shared"}:
                 shutil.rmtree(rep)  # its page cache goes before the pre cases
+            if "reps" in cases:
+                reps = str(tmp / "reps")
+                pools[4].call(_SAVE, reps, "reps")
+                each = math.prod(REPS_SHAPE) * 4 >> 10
+                run(
+                    f"{REPS_TENSORS} tensors of {each} KiB replicated on 4", 4, reps, "reps", repeat
+                )
             if "pre" in cases:
                 for case, src, w in (
                     ("pre-big", big, 8),

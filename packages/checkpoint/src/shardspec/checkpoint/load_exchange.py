@@ -282,6 +282,7 @@ def _broadcast_whole(
     done: set[str] = set()
     # per reader: (its runs' destinations, this rank's read copy or None, bytes so far)
     packs: dict[int, tuple[list[tuple[torch.Tensor, torch.Tensor | None]], list[int]]] = {}
+    flights = _Flights(rank, group, comm)
     with torch.no_grad():
         for t in targets:
             if t.dst.numel == 0 or world == 1 or not whole_on_every_rank(t.dst, world):
@@ -297,8 +298,7 @@ def _broadcast_whole(
                     pack.append((view, got))
                     size[0] += _aligned(run.box.numel * out.element_size())
                     if size[0] >= PACK_BYTES:
-                        full = packs.pop(run.reader)[0]
-                        _broadcast_pack(full, run.reader, run.reader == rank, group, comm)
+                        flights.start(packs.pop(run.reader)[0], run.reader)
                     continue
                 done_here = False  # the destination holds the run already (read in place)
                 if got is not None:
@@ -318,7 +318,8 @@ def _broadcast_whole(
                     view.copy_(buf)
             done.add(t.key)
         for reader in sorted(packs):
-            _broadcast_pack(packs[reader][0], reader, reader == rank, group, comm)
+            flights.start(packs[reader][0], reader)
+        flights.finish()
     return done
 
 
@@ -326,6 +327,10 @@ def _broadcast_whole(
 # packs of up to PACK_BYTES (each a buffer beside the destinations on every rank).
 PACKED_RUN_BYTES = 256 << 10
 PACK_BYTES = 16 << 20
+# Packs in flight at most (each broadcast started as soon as its pack is full; the oldest's
+# runs copied out while the next ones travel).
+FLIGHT_PACKS = 2
+FLIGHT_BYTES = 64 << 20
 _ALIGN = 64  # each run's place in a pack: any dtype's view of it is aligned
 
 
@@ -342,33 +347,56 @@ def global_rank(group: dist.ProcessGroup | None, rank: int) -> int:
     return dist.get_global_rank(group, rank)
 
 
-def _broadcast_pack(
-    pack: list[tuple[torch.Tensor, torch.Tensor | None]],
-    reader: int,
-    is_reader: bool,
-    group: dist.ProcessGroup | None,
-    comm: torch.device,
-) -> None:
-    """One broadcast from ``reader`` of the runs of ``pack`` (each a destination view, and on
-    the reader, ``is_reader``, the run it read), each at an aligned place of one byte buffer
-    on ``comm``."""
-    import torch
-    import torch.distributed as dist
+class _Flights:
+    """The packs' broadcasts in flight: each started when its pack is full (the reader's runs
+    copied into one buffer), the oldest's runs copied out of it when more than
+    :data:`FLIGHT_PACKS` packs or :data:`FLIGHT_BYTES` bytes are in flight, the rest at
+    :meth:`finish`: a rank copies one pack's runs out while the next packs travel, where each
+    broadcast waited for every rank's copies of the one before."""
 
-    places, total = [], 0
-    for view, _ in pack:
-        n = view.numel() * view.element_size()
-        places.append((total, n))
-        total += _aligned(n)
-    buf = torch.empty(total, dtype=torch.uint8, device=comm)
-    if is_reader:
-        for (view, got), (at, n) in zip(pack, places):
-            assert got is not None
-            buf[at : at + n].view(view.dtype).view(view.shape).copy_(got)
-    dist.broadcast(buf, global_rank(group, reader), group=group)
-    for (view, got), (at, n) in zip(pack, places):
-        if got is None or not _same_memory(got, view):
-            view.copy_(buf[at : at + n].view(view.dtype).view(view.shape))
+    def __init__(self, rank: int, group: dist.ProcessGroup | None, comm: torch.device) -> None:
+        self._rank, self._group, self._comm = rank, group, comm
+        self._flying: list[tuple[Any, torch.Tensor, list[Any]]] = []
+        self._bytes = 0
+
+    def start(self, pack: list[tuple[torch.Tensor, torch.Tensor | None]], reader: int) -> None:
+        """One broadcast from ``reader`` of the runs of ``pack`` (each a destination view, and
+        on the reader the run it read), each at an aligned place of one byte buffer."""
+        import torch
+        import torch.distributed as dist
+
+        places, total = [], 0
+        for view, _ in pack:
+            n = view.numel() * view.element_size()
+            places.append((total, n))
+            total += _aligned(n)
+        buf = torch.empty(total, dtype=torch.uint8, device=self._comm)
+        parts = [buf[at : at + n].view(view.dtype).view(view.shape)
+                 for (view, _), (at, n) in zip(pack, places)]  # fmt: skip
+        if reader == self._rank:
+            for (_, got), part in zip(pack, parts):
+                assert got is not None
+                part.copy_(got)
+        work = dist.broadcast(buf, global_rank(self._group, reader), group=self._group,
+                              async_op=True)  # fmt: skip
+        self._flying.append((work, buf, [(v, g, p) for (v, g), p in zip(pack, parts)]))
+        self._bytes += total
+        while len(self._flying) > 1 and (
+            len(self._flying) > FLIGHT_PACKS or self._bytes > FLIGHT_BYTES
+        ):
+            self._land()
+
+    def finish(self) -> None:
+        while self._flying:
+            self._land()
+
+    def _land(self) -> None:
+        work, buf, runs = self._flying.pop(0)
+        work.wait()
+        self._bytes -= buf.numel()
+        for view, got, part in runs:
+            if got is None or not _same_memory(got, view):
+                view.copy_(part)
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:

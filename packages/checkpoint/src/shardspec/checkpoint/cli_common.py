@@ -74,11 +74,20 @@ def _wrap(mode: str, total: int, desc: str) -> Any:
 
 def load(path: str, mode: str) -> Checkpoint:
     """The checkpoint at ``path`` (a directory or its ``.metadata`` file), from its metadata."""
-    md = read_metadata(path)
+    md = read_metadata(path, strict=False)  # a tensor's odd sizes: its verdict names them
     n = len(md.state_dict_metadata)
     tensors = sorted(tensor_reports(md, _wrap(mode, n, path)), key=lambda t: t.fqn)
     objects = sorted(object_reports(md), key=lambda o: str(o["fqn"]))
     return Checkpoint(path, metadata_path(path).parent, tensors, objects)
+
+
+def span(offset: Any, size: Any) -> str:
+    """A chunk's extent in one dim as saved, ``start:stop`` (a damaged one's may hold strings:
+    shown as they are)."""
+    numbers = (int, float)
+    if isinstance(offset, numbers) and isinstance(size, numbers):
+        return f"{offset}:{offset + size}"
+    return f"{offset!r}+{size!r}"
 
 
 def size(n: int) -> str:

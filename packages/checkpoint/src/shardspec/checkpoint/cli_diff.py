@@ -10,7 +10,7 @@ import math
 import sys
 from typing import Any, TextIO
 
-from .cli_common import Checkpoint, add_progress_option, bar, load, plural
+from .cli_common import Checkpoint, add_progress_option, bar, load, plural, span
 from .report import TensorReport, diff_reports
 
 __all__ = ["add_parser", "run"]
@@ -153,9 +153,6 @@ def _line(d: dict[str, Any]) -> str:
 
 
 def _boxes(boxes: list[dict[str, list[int]]], limit: int = 4) -> str:
-    shown = [
-        "[" + ", ".join(f"{o}:{o + s}" for o, s in zip(b["offsets"], b["sizes"])) + "]"
-        for b in boxes[:limit]
-    ]
+    shown = ["[" + ", ".join(map(span, b["offsets"], b["sizes"])) + "]" for b in boxes[:limit]]
     more = f" and {len(boxes) - limit} more" if len(boxes) > limit else ""
     return (" ".join(shown) or "none") + more

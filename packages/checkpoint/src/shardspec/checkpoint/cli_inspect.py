@@ -8,7 +8,7 @@ import fnmatch
 import json
 from typing import Any, TextIO
 
-from .cli_common import Checkpoint, add_progress_option, load, plural, size
+from .cli_common import Checkpoint, add_progress_option, load, plural, size, span
 from .report import TensorReport
 from .saved_chunks import FileProblem, StoredFile, check_files
 
@@ -162,7 +162,7 @@ def _print_tensors(
             picture = t.layout.render().splitlines()[1:]  # the header repeats the shape
             out.write("".join(f"  {line}\n" for line in picture))
         for i, c in enumerate(t.chunks):
-            region = ", ".join(f"{o}:{o + s}" for o, s in zip(c.offsets, c.sizes))
+            region = ", ".join(map(span, c.offsets, c.sizes))
             where = f"{c.file} @ {c.file_offset}" if c.file is not None else "(no file named)"
             stored = f" ({size(c.stored_bytes)})" if c.stored_bytes is not None else ""
             out.write(f"  chunk #{i}  [{region}]  {where}{stored}\n")

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .dcp_structure import check_structure
+
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.metadata import Metadata
 
@@ -181,22 +183,24 @@ def metadata_format(path: str | Path) -> str:
     return BYTECHECKPOINT if module == _BYTECHECKPOINT_MODULE else DCP
 
 
-def read_metadata(path: str | Path) -> Metadata:
+def read_metadata(path: str | Path, *, strict: bool = True) -> Metadata:
     """The checkpoint's ``Metadata``, read with the restricted unpickler (a ByteCheckpoint
-    metadata file as DCP's ``Metadata`` whose storage entries are :class:`RawTensorStorage`)."""
+    metadata file as DCP's ``Metadata`` whose storage entries are :class:`RawTensorStorage`),
+    its structure checked (:func:`.dcp_structure.check_structure`; ``strict=False``: sizes and
+    offsets of any value, which a report names per tensor)."""
     # torch first: without it the command says what to install, whatever the path (CKPT-12)
     import torch.distributed.checkpoint.metadata  # noqa: F401
 
     p = metadata_path(path)
     with open(p, "rb") as f:
-        return _parse(f, p)  # type: ignore[arg-type]
+        return _parse(f, p, strict)  # type: ignore[arg-type]
 
 
 def metadata_from_bytes(data: bytes, path: str | Path) -> Metadata:
     """:func:`read_metadata` of a ``.metadata`` file's bytes, read elsewhere (one rank of a
     collective load reads the file and sends its bytes to the others); ``path`` names it in
     errors."""
-    return _parse(io.BytesIO(data), Path(path))
+    return _parse(io.BytesIO(data), Path(path), True)
 
 
 @contextlib.contextmanager
@@ -216,7 +220,7 @@ def collections_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _parse(f: io.BufferedIOBase, p: Path) -> Metadata:
+def _parse(f: io.BufferedIOBase, p: Path, strict: bool) -> Metadata:
     from torch.distributed.checkpoint.metadata import Metadata
 
     try:
@@ -234,6 +238,7 @@ def _parse(f: io.BufferedIOBase, p: Path) -> Metadata:
         raise pickle.UnpicklingError(
             f"{p}: holds a {type(md).__name__}, not DCP's Metadata; is this a DCP checkpoint?"
         )
+    check_structure(md, p, values=strict)
     return md
 
 

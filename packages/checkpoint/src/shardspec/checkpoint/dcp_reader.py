@@ -59,7 +59,7 @@ from .dcp_files import (
     raw_tensor,
     read_file_range,
 )
-from .dcp_metadata import BYTECHECKPOINT, metadata_format, read_metadata
+from .dcp_metadata import read_metadata
 
 __all__ = [
     "BYTES_PER_THREAD",
@@ -167,16 +167,14 @@ class FileSystemReader(_DcpFileSystemReader):  # type: ignore[misc]
         self._kept: LoadPlan | None = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        """DCP's ``read_metadata``; a ByteCheckpoint ``.metadata`` (its top-level class says
-        so) is read with the restricted reader instead, which nothing of ByteCheckpoint's
-        needs (CKPT-19)."""
-        path = os.fspath(self._get_metadata_path(kwargs.get("rank")))
-        if os.path.isfile(path) and metadata_format(path) == BYTECHECKPOINT:
-            md = read_metadata(path)
-            md.storage_meta = StorageMeta()
-            md.storage_meta.load_id = self.load_id
-            return md
-        return super().read_metadata(*args, **kwargs)  # type: ignore[no-any-return]
+        """DCP's ``read_metadata`` through the restricted reader (CKPT-5), not DCP's plain
+        ``pickle.load``, which runs whatever a hostile file names; a ByteCheckpoint
+        ``.metadata`` (its top-level class says so) as DCP's ``Metadata`` (CKPT-19)."""
+        md = read_metadata(os.fspath(self._get_metadata_path(kwargs.get("rank"))))
+        meta = getattr(md, "storage_meta", None) or StorageMeta()
+        meta.load_id = self.load_id
+        md.storage_meta = meta
+        return md
 
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any

@@ -78,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from .dcp_reader import CheckpointReadError  # a chunk's file missing, short or damaged
+
     try:
         summary = reshard_checkpoint(
             args.src,
@@ -87,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_memory=_parse_bytes(args.max_memory),
             progress=args.progress,
         )
-    except (OfflineError, OSError, pickle.UnpicklingError, ValueError) as e:
+    except (OfflineError, OSError, pickle.UnpicklingError, ValueError, CheckpointReadError) as e:
         print(f"shardspec reshard: {e}", file=sys.stderr)
         return 2
     print(summary)
@@ -383,6 +385,9 @@ def _write(
                 continue
             # A non-tensor value: its bytes as they are (a transform, if any, stays valid).
             with open(src / info.relative_path, "rb") as g:
+                # checked first: a damaged length (2**62) would otherwise be allocated
+                if info.offset + info.length > os.fstat(g.fileno()).st_size:
+                    raise OfflineError(f"{src / info.relative_path}: truncated at {key.fqn!r}")
                 g.seek(info.offset)
                 data = g.read(info.length)
             if len(data) != info.length:
@@ -406,8 +411,15 @@ def _write(
         storage_data=storage,
         version=getattr(md, "version", None),
     )
+    try:
+        blob = pickle.dumps(new)
+    except RecursionError:  # the C unpickler reads nesting that pickling recurses into
+        raise OfflineError(
+            f"{src}: its metadata nests too deeply to be written again "
+            "(planner_data?); nothing was written in its place"
+        ) from None
     with open(out / ".metadata", "wb") as f:
-        pickle.dump(new, f)
+        f.write(blob)
     nbytes = sum(os.path.getsize(out / rel) for rel in files)
     return f"{len(targets)} tensors, {n_chunks} chunks in {len(files)} files, {nbytes} bytes"
 

@@ -73,9 +73,6 @@ class TensorReport:
     def ok(self) -> bool:
         return self.error is None
 
-    def chunk_boxes(self) -> frozenset[Box]:
-        return frozenset(c.box for c in self.chunks)
-
     def to_dict(self) -> dict[str, Any]:
         e = self.error
         return {
@@ -220,23 +217,36 @@ def diff_reports(
             out.append({"fqn": fqn, "what": "shape", "a": list(ta.shape), "b": list(tb.shape)})
         if ta.dtype != tb.dtype:
             out.append({"fqn": fqn, "what": "dtype", "a": ta.dtype, "b": tb.dtype})
-        if ta.shape == tb.shape and ta.chunk_boxes() != tb.chunk_boxes():
+        ea, eb = _extents(ta), _extents(tb)
+        if ta.shape == tb.shape and ea != eb:
             out.append(
                 {
                     "fqn": fqn,
                     "what": "layout",
                     "a": f"{len(ta.chunks)} chunks",
                     "b": f"{len(tb.chunks)} chunks",
-                    "only_in_a": [_box(x) for x in sorted(ta.chunk_boxes() - tb.chunk_boxes())],
-                    "only_in_b": [_box(x) for x in sorted(tb.chunk_boxes() - ta.chunk_boxes())],
+                    "only_in_a": [_box(x) for x in _in_order(ea - eb)],
+                    "only_in_b": [_box(x) for x in _in_order(eb - ea)],
                 }
             )
     return out
+
+
+def _extents(t: TensorReport) -> frozenset[tuple[tuple[Any, ...], tuple[Any, ...]]]:
+    """The chunks' (offsets, sizes) as saved: an invalid tensor's may be no box (CKPT-6)."""
+    return frozenset((tuple(c.offsets), tuple(c.sizes)) for c in t.chunks)
+
+
+def _in_order(extents: Iterable[tuple[tuple[Any, ...], tuple[Any, ...]]]) -> list[Any]:
+    try:
+        return sorted(extents)
+    except TypeError:  # an invalid tensor's numbers beside strings
+        return sorted(extents, key=repr)
 
 
 def _kind(t: TensorReport | None) -> str:
     return "object" if t is None else "tensor"
 
 
-def _box(b: Box) -> dict[str, list[int]]:
-    return {"offsets": list(b.offsets), "sizes": list(b.sizes)}
+def _box(extent: tuple[tuple[Any, ...], tuple[Any, ...]]) -> dict[str, list[Any]]:
+    return {"offsets": list(extent[0]), "sizes": list(extent[1])}

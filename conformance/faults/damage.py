@@ -1,7 +1,9 @@
 """Damage done to a checkpoint's files before a load (the collective load's fault cases,
-CKPT-26): a data file cut short or removed, the ``.metadata`` replaced by junk, or a
+CKPT-26): a data file cut short or removed, the ``.metadata`` replaced by junk, a
 tensor's chunk list made to leave a gap or to overlap while every chunk still finds
-bytes of its own size."""
+bytes of its own size, or fields no DCP writer writes (CKPT-5): a storage entry's file named
+through ``..`` (the same file, reached from outside the checkpoint), a chunk's offsets as
+floats (equal to the ints, so a reader that does not look finds every byte)."""
 
 from __future__ import annotations
 
@@ -23,8 +25,11 @@ def damage(path: str, how: str) -> str:
         return ".metadata"
     with open(meta, "rb") as f:
         md = pickle.load(f)  # written by this run's own dcp.save: trusted
-    if how in ("gap", "overlap"):
-        _spoil_chunk_list(md, how)
+    if how in ("gap", "overlap", "outside", "floats"):
+        if how in ("gap", "overlap"):
+            _spoil_chunk_list(md, how)
+        else:
+            _spoil_fields(md, how, os.path.basename(os.path.normpath(path)))
         with open(meta, "wb") as f:
             pickle.dump(md, f)
         return ".metadata"
@@ -49,7 +54,10 @@ def damage(path: str, how: str) -> str:
     elif how == "truncate":
         os.truncate(name, offset + length // 2)
     else:
-        raise ValueError(f"damage must be metadata, remove, truncate, gap or overlap, got {how!r}")
+        raise ValueError(
+            f"damage must be metadata, remove, truncate, gap, overlap, outside or floats, got "
+            f"{how!r}"
+        )
     return rel
 
 
@@ -82,3 +90,23 @@ def _spoil_chunk_list(md: Any, how: str) -> None:
     smd.chunks.remove(chunks[0])
     key = next(k for k in stored if list(k.offset) == list(chunks[0].offsets))
     del md.storage_data[key]
+
+
+def _spoil_fields(md: Any, how: str, folder: str) -> None:
+    """Give ``t``'s first non-empty chunk in ``md`` a field no DCP writer writes, in place:
+    its storage entry's file named as ``../<the checkpoint's folder>/<file>`` ("outside"), or
+    its offsets as a list of floats ("floats"); either still finds the chunk's bytes."""
+    import dataclasses
+
+    smd = md.state_dict_metadata["t"]
+    chunk = next((c for c in smd.chunks if c.sizes.numel()), None)
+    if chunk is None:
+        raise ValueError("outside or floats needs a tensor with a non-empty chunk")
+    if how == "floats":
+        chunk.offsets = [float(o) for o in chunk.offsets]
+        return
+    key = next(k for k in md.storage_data if k.fqn == "t" and list(k.offset) == list(chunk.offsets))
+    info = md.storage_data[key]
+    md.storage_data[key] = dataclasses.replace(
+        info, relative_path=f"../{folder}/{info.relative_path}"
+    )

@@ -45,7 +45,10 @@ class CollectiveLoad(Adapter):
         largest chunk left out) or to overlap (``overlap``: a chunk that stops short of the
         tensor's end in some dim moved one element along it, its stored bytes found at its
         new offset; a gap when no chunk can move), each chunk left finding bytes of its
-        size; then the implementation's collective load (CKPT-23 to CKPT-27) on
+        size, or a field of ``t``'s first non-empty chunk made one no DCP writer writes
+        (``outside``: its storage entry's file named through ``../<folder>/``, the same
+        file; ``floats``: its offsets a list of floats); then the implementation's
+        collective load (CKPT-23 to CKPT-27) on
         ``load_pool``'s ranks into ``{"t": load, "v": {"n": 0}, "w": 0}`` (``load`` as in
         :meth:`checkpoint_round_trip`, or ``{"kind": "plain"}``: a plain tensor on every rank,
         with ``"parameter": True`` an ``nn.Parameter`` of one, as ``named_parameters()`` gives)

@@ -991,6 +991,69 @@ def test_a_collective_load_refuses_a_chunk_list_with_a_gap_or_an_overlap_on_ever
                      True, f"{ex}: {first}")  # fmt: skip
 
 
+@st.composite
+def spoiled_fields(draw: st.DrawFn) -> dict[str, Any]:
+    """A collective load (as :func:`collective_loads` draws it) of a non-empty tensor one of
+    whose saved chunks has, in ``.metadata``, a field no DCP writer writes: its file named
+    through ``..`` or its offsets as floats; either still finds the chunk's bytes."""
+    c = draw(round_trips().filter(lambda c: c["tensor"].numel() > 0))
+    if draw(st.integers(0, 4)) == 0:
+        c["load"] = {"kind": "plain"}
+    c["reads"] = draw(st.sampled_from(READS))
+    c["damage"] = draw(st.sampled_from(["outside", "floats"]))
+    return c
+
+
+OUTSIDE_ONCE = {**ROWS_TO_COLUMNS_BF16, "reads": "once", "damage": "outside"}
+FLOATS_OWN = {**ROWS_TO_COLUMNS_BF16, "reads": "own", "damage": "floats"}
+
+
+def _fields_examples(test: Any) -> Any:
+    """Both explicit examples on pools; on simulated worlds the outside file on the smallest
+    world (a known defect must show in every run that names it)."""
+    if simulated_worlds():
+        w = min(simulated_worlds())
+        return example({**OUTSIDE_ONCE, "save_world": w, "load_world": w})(test)
+    return example(FLOATS_OWN)(example(OUTSIDE_ONCE)(test))
+
+
+@pytest.mark.rule("CKPT-5", "CKPT-26")
+@pytest.mark.known_defect(
+    "torch",
+    "DCP's FileSystemReader unpickles .metadata with pickle.load and reads what its entries "
+    "name: a file named through '..' (or an absolute path) is read from outside the "
+    "checkpoint, offsets that are floats are taken as ints, and the load returns (repro "
+    "dcp-load-follows-paths-outside-the-checkpoint)",
+    raises=AssertionError,
+    match=r"^(ranks that returned|distinct errors|the error names the tensor)",
+)
+@pytest.mark.pool
+@settings(max_examples=min(10, settings.default.max_examples), deadline=None)
+@given(spoiled_fields())
+@_fields_examples
+def test_a_collective_load_refuses_fields_no_dcp_writer_writes_on_every_rank(
+    impl: Impl, pools: Any, c: dict[str, Any]
+) -> None:
+    """CKPT-5 through the collective load: a storage entry naming a file outside the
+    checkpoint's directory, or a chunk's offsets that are not ints, is refused on every rank
+    with the same error, naming the tensor's key, before any data moves (CKPT-26), whatever
+    the read mode. Each still finds the chunk's bytes, so a load that does not look
+    returns."""
+    ex = _describe(c)
+    with case():
+        results = impl.checkpoint_collective_load(
+            pools(c["save_world"]), pools(c["load_world"]), c["saved"], c["tensor"], c["load"],
+            c["reads"], c["damage"], ex,
+        )  # fmt: skip
+        errors = [r.value["error"] for r in results]
+        assert_equal("ranks that returned", [e is None for e in errors], [False] * len(errors),
+                     ex)  # fmt: skip
+        assert_equal("distinct errors", len(set(errors)), 1, ex)
+        first = str(errors[0])
+        assert_equal("the error names the tensor ('t')", bool(re.search(r"['\"]t['\"]", first)),
+                     True, f"{ex}: {first}")  # fmt: skip
+
+
 # ------------------------------------------------ reads="once" at the sizes of its own paths
 # CKPT-24's sizes, restated here from the spec (not imported from the implementation): a saved
 # chunk larger than both the fair share and this is read in row runs; a run larger than a

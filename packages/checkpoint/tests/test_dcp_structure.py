@@ -238,3 +238,29 @@ def test_the_offline_rewrite_refuses_a_spoiled_file_in_words(
     err = capsys.readouterr().err
     assert rc == 2 and "truncated at 'blob'" in err, err
     assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.rule("CKPT-1", "CKPT-5")
+@pytest.mark.parametrize("offsets", [[0.0, 0], [False, 0], [0, 0.0]], ids=repr)
+def test_the_chunk_check_does_not_take_equal_floats_for_a_checked_geometry(
+    offsets: list[Any],
+) -> None:
+    """Metadata a planner gets from another reader (DCP's own) is checked by CKPT-1 alone:
+    its cache of valid chunkings must not answer for 0.0 or False as for 0."""
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    from shardspec.checkpoint.chunks import ChunkError
+    from shardspec.checkpoint.dcp import checked_chunks
+
+    def smd(at: Any) -> Any:
+        chunk = ChunkStorageMetadata(at, torch.Size([4, 6]))
+        return TensorStorageMetadata(TensorProperties(dtype=torch.float32), torch.Size([4, 6]),
+                                     [chunk])  # fmt: skip
+
+    checked_chunks("w", smd(torch.Size([0, 0])))  # valid: its geometry is cached
+    with pytest.raises(ChunkError, match=r"'w'.*must be integers"):
+        checked_chunks("w", smd(offsets))

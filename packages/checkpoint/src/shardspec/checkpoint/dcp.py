@@ -44,6 +44,7 @@ import hashlib
 import math
 from collections import ChainMap
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any, TypeVar
 
 import torch
@@ -214,7 +215,10 @@ def checked_chunks(fqn: str, saved: TensorStorageMetadata) -> Layout:
     if len(chunks) <= _DIRECT_PAIRS:
         # Layers of one model share their shapes and chunkings: checked once per geometry.
         geometry = tuple((tuple(c.offsets), tuple(c.sizes)) for c in chunks)
-        src = _valid_geometry(tuple(saved.size), geometry)
+        shape = tuple(saved.size)
+        # ints only: the cache's key 0.0 or False equals 0, and would pass them as a valid 0
+        if all(type(v) is int for v in chain(shape, *chain.from_iterable(geometry))):
+            src = _valid_geometry(shape, geometry)
     if src is None:
         src = check_chunks(fqn, saved.size, [(c.offsets, c.sizes) for c in chunks])
     return src

@@ -194,8 +194,6 @@ def _load(
     mode = reads
     mappings: Mapping[str, Any] = {}
     try:
-        from torch.distributed.checkpoint._nested_dict import flatten_state_dict
-
         # As dcp.load: a Stateful value is loaded through state_dict() and load_state_dict().
         for k in keys:
             v = state_dict[k]
@@ -205,7 +203,7 @@ def _load(
                 stateful.add(k)
                 v = v.state_dict()
             stateful_sd[k] = v
-        flat, mappings = flatten_state_dict(stateful_sd)
+        flat, mappings = flatten(stateful_sd)
         targets, values, partial = _targets(flat, md, path, group, rank, world)
     except Exception as e:  # every rank must hear of it, or the others would wait
         error = f"{type(e).__name__}: {e}"
@@ -300,6 +298,21 @@ def _load(
 
 
 # ---------------------------------------------------------------- metadata
+
+
+def flatten(state_dict: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """DCP's ``flatten_state_dict``: the state dict's leaves by dotted key, and each key's
+    path in it. A flat dict of tensors (a model's usual state dict) is its own flattening,
+    each key its own path: taken as it is, where DCP's walk costs ~12 us a value (2,000
+    tensors: 25 ms)."""
+    import torch
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    if all(type(k) is str for k in state_dict) and all(
+        isinstance(v, torch.Tensor) for v in state_dict.values()
+    ):
+        return dict(state_dict), {k: (k,) for k in state_dict}
+    return flatten_state_dict(state_dict)
 
 
 def _shared_metadata(

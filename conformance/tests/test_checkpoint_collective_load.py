@@ -929,53 +929,33 @@ def test_dcps_hugging_face_format_of_several_chunks_a_rank_loads_or_fails_on_eve
 
 
 @st.composite
-def spoiled_chunk_lists(draw: st.DrawFn) -> dict[str, Any]:
+def spoiled_loads(draw: st.DrawFn, damages: tuple[str, ...]) -> dict[str, Any]:
     """A collective load (as :func:`collective_loads` draws it) of a non-empty tensor whose
-    saved chunk list in ``.metadata`` was made to leave a gap or to overlap, each chunk still
-    finding stored bytes of its size."""
+    ``.metadata`` was spoiled by one of ``damages`` (:func:`conformance.faults.damage.damage`),
+    each chunk still finding stored bytes of its size."""
     c = draw(round_trips().filter(lambda c: c["tensor"].numel() > 0))
     if draw(st.integers(0, 4)) == 0:
         c["load"] = {"kind": "plain"}
     c["reads"] = draw(st.sampled_from(READS))
-    c["damage"] = draw(st.sampled_from(["gap", "overlap"]))
+    c["damage"] = draw(st.sampled_from(damages))
     return c
 
 
-# The rows of ROWS_TO_COLUMNS_BF16: rows 0-1 (the largest chunk) left out, read once; or
-# those rows moved down one (row 0 in no chunk, row 2 in two), each rank reading for itself.
-GAP_ONCE = {**ROWS_TO_COLUMNS_BF16, "reads": "once", "damage": "gap"}
-OVERLAP_OWN = {**ROWS_TO_COLUMNS_BF16, "reads": "own", "damage": "overlap"}
-
-
-def _spoiled_examples(test: Any) -> Any:
-    """Both explicit examples on pools; on simulated worlds the gap on the smallest world (a
+def _spoiled_examples(first: dict[str, Any], second: dict[str, Any]) -> Any:
+    """Both explicit examples on pools; on simulated worlds the first on the smallest world (a
     known defect must show in every run that names it)."""
-    if simulated_worlds():
-        w = min(simulated_worlds())
-        return example({**GAP_ONCE, "save_world": w, "load_world": w})(test)
-    return example(OVERLAP_OWN)(example(GAP_ONCE)(test))
+
+    def add(test: Any) -> Any:
+        if simulated_worlds():
+            w = min(simulated_worlds())
+            return example({**first, "save_world": w, "load_world": w})(test)
+        return example(second)(example(first)(test))
+
+    return add
 
 
-@pytest.mark.rule("CKPT-1", "CKPT-26")
-@pytest.mark.known_defect(
-    "torch",
-    "dcp.load checks no saved chunk list: a checkpoint whose chunks leave a gap or overlap "
-    "loads silently, the elements no chunk holds keeping their old values (repro "
-    "dcp-load-damaged-checkpoint-silently)",
-    raises=AssertionError,
-    match=r"^(ranks that returned|distinct errors|the error names the tensor)",
-)
-@pytest.mark.pool
-@settings(max_examples=min(10, settings.default.max_examples), deadline=None)
-@given(spoiled_chunk_lists())
-@_spoiled_examples
-def test_a_collective_load_refuses_a_chunk_list_with_a_gap_or_an_overlap_on_every_rank(
-    impl: Impl, pools: Any, c: dict[str, Any]
-) -> None:
-    """CKPT-1 through the collective load: a chunk list that does not tile the tensor is
-    refused on every rank with the same error, naming the tensor's key, whatever the read
-    mode and the destination (CKPT-26). Every chunk left still finds bytes of its own size,
-    so a load that skips the check returns, holding what no chunk gave."""
+def _refused_alike(impl: Impl, pools: Any, c: dict[str, Any]) -> None:
+    """Every rank raised, the same error, naming the tensor's key."""
     ex = _describe(c)
     with case():
         results = impl.checkpoint_collective_load(
@@ -991,30 +971,39 @@ def test_a_collective_load_refuses_a_chunk_list_with_a_gap_or_an_overlap_on_ever
                      True, f"{ex}: {first}")  # fmt: skip
 
 
-@st.composite
-def spoiled_fields(draw: st.DrawFn) -> dict[str, Any]:
-    """A collective load (as :func:`collective_loads` draws it) of a non-empty tensor one of
-    whose saved chunks has, in ``.metadata``, a field no DCP writer writes: its file named
-    through ``..`` or its offsets as floats; either still finds the chunk's bytes."""
-    c = draw(round_trips().filter(lambda c: c["tensor"].numel() > 0))
-    if draw(st.integers(0, 4)) == 0:
-        c["load"] = {"kind": "plain"}
-    c["reads"] = draw(st.sampled_from(READS))
-    c["damage"] = draw(st.sampled_from(["outside", "floats"]))
-    return c
+# The rows of ROWS_TO_COLUMNS_BF16: rows 0-1 (the largest chunk) left out, read once; or
+# those rows moved down one (row 0 in no chunk, row 2 in two), each rank reading for itself.
+GAP_ONCE = {**ROWS_TO_COLUMNS_BF16, "reads": "once", "damage": "gap"}
+OVERLAP_OWN = {**ROWS_TO_COLUMNS_BF16, "reads": "own", "damage": "overlap"}
 
 
+@pytest.mark.rule("CKPT-1", "CKPT-26")
+@pytest.mark.known_defect(
+    "torch",
+    "dcp.load checks no saved chunk list: a checkpoint whose chunks leave a gap or overlap "
+    "loads silently, the elements no chunk holds keeping their old values (repro "
+    "dcp-load-damaged-checkpoint-silently)",
+    raises=AssertionError,
+    match=r"^(ranks that returned|distinct errors|the error names the tensor)",
+)
+@pytest.mark.pool
+@settings(max_examples=min(10, settings.default.max_examples), deadline=None)
+@given(spoiled_loads(("gap", "overlap")))
+@_spoiled_examples(GAP_ONCE, OVERLAP_OWN)
+def test_a_collective_load_refuses_a_chunk_list_with_a_gap_or_an_overlap_on_every_rank(
+    impl: Impl, pools: Any, c: dict[str, Any]
+) -> None:
+    """CKPT-1 through the collective load: a chunk list that does not tile the tensor is
+    refused on every rank with the same error, naming the tensor's key, whatever the read
+    mode and the destination (CKPT-26). Every chunk left still finds bytes of its own size,
+    so a load that skips the check returns, holding what no chunk gave."""
+    _refused_alike(impl, pools, c)
+
+
+# A storage entry naming its file through "..", read once; a chunk's offsets as floats, each
+# rank reading for itself.
 OUTSIDE_ONCE = {**ROWS_TO_COLUMNS_BF16, "reads": "once", "damage": "outside"}
 FLOATS_OWN = {**ROWS_TO_COLUMNS_BF16, "reads": "own", "damage": "floats"}
-
-
-def _fields_examples(test: Any) -> Any:
-    """Both explicit examples on pools; on simulated worlds the outside file on the smallest
-    world (a known defect must show in every run that names it)."""
-    if simulated_worlds():
-        w = min(simulated_worlds())
-        return example({**OUTSIDE_ONCE, "save_world": w, "load_world": w})(test)
-    return example(FLOATS_OWN)(example(OUTSIDE_ONCE)(test))
 
 
 @pytest.mark.rule("CKPT-5", "CKPT-26")
@@ -1029,8 +1018,8 @@ def _fields_examples(test: Any) -> Any:
 )
 @pytest.mark.pool
 @settings(max_examples=min(10, settings.default.max_examples), deadline=None)
-@given(spoiled_fields())
-@_fields_examples
+@given(spoiled_loads(("outside", "floats")))
+@_spoiled_examples(OUTSIDE_ONCE, FLOATS_OWN)
 def test_a_collective_load_refuses_fields_no_dcp_writer_writes_on_every_rank(
     impl: Impl, pools: Any, c: dict[str, Any]
 ) -> None:
@@ -1039,19 +1028,7 @@ def test_a_collective_load_refuses_fields_no_dcp_writer_writes_on_every_rank(
     with the same error, naming the tensor's key, before any data moves (CKPT-26), whatever
     the read mode. Each still finds the chunk's bytes, so a load that does not look
     returns."""
-    ex = _describe(c)
-    with case():
-        results = impl.checkpoint_collective_load(
-            pools(c["save_world"]), pools(c["load_world"]), c["saved"], c["tensor"], c["load"],
-            c["reads"], c["damage"], ex,
-        )  # fmt: skip
-        errors = [r.value["error"] for r in results]
-        assert_equal("ranks that returned", [e is None for e in errors], [False] * len(errors),
-                     ex)  # fmt: skip
-        assert_equal("distinct errors", len(set(errors)), 1, ex)
-        first = str(errors[0])
-        assert_equal("the error names the tensor ('t')", bool(re.search(r"['\"]t['\"]", first)),
-                     True, f"{ex}: {first}")  # fmt: skip
+    _refused_alike(impl, pools, c)
 
 
 # ------------------------------------------------ reads="once" at the sizes of its own paths

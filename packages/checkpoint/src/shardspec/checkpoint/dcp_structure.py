@@ -59,17 +59,11 @@ def _plain(md: Metadata) -> bool:
     """Whether every field is as DCP writes it, in C-level passes (False: walk to find out)."""
     import torch
     from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import (
-        BytesStorageMetadata,
-        ChunkStorageMetadata,
-        MetadataIndex,
-        StorageMeta,
-        TensorProperties,
-        TensorStorageMetadata,
-    )
 
     from .dcp_metadata import RawTensorStorage
 
+    (BytesStorageMetadata, ChunkStorageMetadata, MetadataIndex, StorageMeta, TensorProperties,
+     TensorStorageMetadata) = _classes()  # fmt: skip
     sdm, storage = md.state_dict_metadata, md.storage_data
     if type(sdm) is not dict or type(storage) is not dict:
         return False
@@ -122,15 +116,9 @@ def _plain(md: Metadata) -> bool:
 def _problems(md: Metadata, values: bool) -> Iterator[str]:
     """Each problem of ``md``'s fields, walked entry by entry (the first names the culprit)."""
     import torch
-    from torch.distributed.checkpoint.metadata import (
-        BytesStorageMetadata,
-        ChunkStorageMetadata,
-        MetadataIndex,
-        StorageMeta,
-        TensorProperties,
-        TensorStorageMetadata,
-    )
 
+    (BytesStorageMetadata, ChunkStorageMetadata, MetadataIndex, StorageMeta, TensorProperties,
+     TensorStorageMetadata) = _classes()  # fmt: skip
     sdm = getattr(md, "state_dict_metadata", None)
     storage = getattr(md, "storage_data", None)
     if not isinstance(sdm, dict):
@@ -179,8 +167,9 @@ def _problems(md: Metadata, values: bool) -> Iterator[str]:
         if not isinstance(index, MetadataIndex) or not isinstance(getattr(index, "fqn", 0), str):
             yield f"a storage entry is keyed by {_short(index)}, not a MetadataIndex"
             continue
-        name = f"the storage entry of '{index.fqn}' at {_short(getattr(index, 'offset', None))}"
-        if index.fqn not in sdm:
+        fqn = getattr(index, "fqn", "")
+        name = f"the storage entry of '{fqn}' at {_short(getattr(index, 'offset', None))}"
+        if fqn not in sdm:
             yield f"{name} is of a key the metadata does not describe"
         offset = getattr(index, "offset", None)
         if offset is not None and not _indices(offset, None):
@@ -200,6 +189,21 @@ def _problems(md: Metadata, values: bool) -> Iterator[str]:
             or not all(isinstance(t, str) for t in transforms)
         ):
             yield f"{name} has transform_descriptors {_short(transforms)}, not a list of names"
+
+
+def _classes() -> tuple[type, ...]:
+    """DCP's metadata classes the check names, in the order the checks unpack them."""
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        ChunkStorageMetadata,
+        MetadataIndex,
+        StorageMeta,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    return (BytesStorageMetadata, ChunkStorageMetadata, MetadataIndex, StorageMeta,
+            TensorProperties, TensorStorageMetadata)  # fmt: skip
 
 
 def _indices(v: Any, n: int | None) -> bool:

@@ -238,7 +238,7 @@ def _parse(f: io.BufferedIOBase, p: Path, strict: bool) -> Metadata:
         raise pickle.UnpicklingError(
             f"{p}: holds a {type(md).__name__}, not DCP's Metadata; is this a DCP checkpoint?"
         )
-    check_structure(md, p, values=strict)
+    check_structure(md, p, values=strict, entries=(RawTensorStorage,))
     return md
 
 

@@ -40,13 +40,17 @@ _PATH, _LENGTH = attrgetter("relative_path"), attrgetter("length")
 _TRANSFORMS = attrgetter("transform_descriptors")
 
 
-def check_structure(md: Metadata, p: Path, *, values: bool = True) -> None:
+def check_structure(
+    md: Metadata, p: Path, *, values: bool = True, entries: tuple[type, ...] = ()
+) -> None:
     """Raise :class:`pickle.UnpicklingError` naming ``p``, the entry and the problem when
     ``md``'s fields are not what DCP writes (see the module). ``values=False``: a tensor's size
     or a chunk's offsets and sizes may hold numbers or strings of any value, of any length (a
-    report names them per tensor, CKPT-6); they are still sequences of those."""
+    report names them per tensor, CKPT-6); they are still sequences of those. ``entries``:
+    storage entry classes taken beside DCP's ``_StorageInfo`` (the reader's stand-in for
+    ByteCheckpoint's), checked by the same fields."""
     try:
-        if _plain(md):
+        if _plain(md, entries):
             return
     except AttributeError:  # a field missing: the walk below names it
         pass
@@ -55,12 +59,10 @@ def check_structure(md: Metadata, p: Path, *, values: bool = True) -> None:
         raise pickle.UnpicklingError(f"{p}: not a readable DCP metadata file: {problem}")
 
 
-def _plain(md: Metadata) -> bool:
+def _plain(md: Metadata, entries: tuple[type, ...]) -> bool:
     """Whether every field is as DCP writes it, in C-level passes (False: walk to find out)."""
     import torch
     from torch.distributed.checkpoint.filesystem import _StorageInfo
-
-    from .dcp_metadata import RawTensorStorage
 
     (BytesStorageMetadata, ChunkStorageMetadata, MetadataIndex, StorageMeta, TensorProperties,
      TensorStorageMetadata) = _classes()  # fmt: skip
@@ -102,7 +104,7 @@ def _plain(md: Metadata) -> bool:
         return False
     if {*map(_FQN, keys)} - sdm.keys():
         return False
-    if {*map(type, infos)} - {_StorageInfo, RawTensorStorage}:
+    if {*map(type, infos)} - {_StorageInfo, *entries}:
         return False
     at, lengths = list(map(_OFFSET, infos)), list(map(_LENGTH, infos))
     if {*map(type, at), *map(type, lengths)} - {int} or min(chain(at, lengths), default=0) < 0:

@@ -264,3 +264,11 @@ def test_the_chunk_check_does_not_take_equal_floats_for_a_checked_geometry(
     checked_chunks("w", smd(torch.Size([0, 0])))  # valid: its geometry is cached
     with pytest.raises(ChunkError, match=r"'w'.*must be integers"):
         checked_chunks("w", smd(offsets))
+
+
+@pytest.mark.rule("CKPT-6")
+def test_the_commands_show_extents_that_are_no_numbers() -> None:
+    from shardspec.checkpoint.cli_common import span
+
+    assert span(2, 3) == "2:5" and span(0.5, 1) == "0.5:1.5"
+    assert span("2", 3) == "'2'+3" and span(2, None) == "2+None"

@@ -4,9 +4,16 @@ answer. Shared by the peers so that each reads a half-failed world the same way.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-__all__ = ["raise_failed", "world_outcomes"]
+__all__ = ["HUNG_LIMIT", "raise_failed", "world_outcomes"]
+
+# A world in which no rank answers costs its whole timeout; after this many, a session whose
+# peer runtime is stuck (an op build waiting on a lock, a rendezvous that never forms) fails
+# its remaining worlds at once rather than spending a timeout on each.
+HUNG_LIMIT = 2
+_HUNG: list[str] = []
 
 
 def world_outcomes(
@@ -14,11 +21,24 @@ def world_outcomes(
 ) -> dict[int, tuple[str, Any]]:
     """``run_world``'s rank -> ``("ok", value)``, ``("error", text)`` or ``("missing", why)``,
     also when a rank raised while others waited in a collective (the pool's ``RankError``):
-    those others are ``("missing", "still waiting in a collective")``."""
+    those others are ``("missing", "still waiting in a collective")``. After ``HUNG_LIMIT``
+    worlds of this process in which no rank answered within the timeout, every rank of a
+    further world is ``("missing", ...)`` at once, naming those worlds."""
     from shardspec.testing import RankError, run_world
 
+    if len(_HUNG) >= HUNG_LIMIT:
+        why = (
+            f"not started: {len(_HUNG)} earlier worlds of this process hung with no rank "
+            f"answering ({'; '.join(_HUNG)}), so the peer's runtime is taken to be stuck"
+        )
+        return dict.fromkeys(range(world), ("missing", why))
+    t0 = time.monotonic()
     try:
-        return run_world(fn, world, *args, timeout=timeout, error_grace=error_grace)
+        out = run_world(fn, world, *args, timeout=timeout, error_grace=error_grace)
+        # a world whose ranks died returns at once; only one that ran out its timeout counts
+        if all(s == "missing" for s, _ in out.values()) and time.monotonic() - t0 >= timeout:
+            _HUNG.append(f"{getattr(fn, '__name__', fn)} on {world} ranks")
+        return out
     except RankError as e:
         waiting = ("missing", "still waiting in a collective")
         out: dict[int, tuple[str, Any]] = dict.fromkeys(range(world), waiting)

@@ -11,6 +11,7 @@ DeepSpeed's CPU backend compiles a shared-memory all-reduce when it starts; this
 that (``build_shm_op`` answers None), which changes nothing below.
 """
 
+import importlib
 import os
 import subprocess
 import sys
@@ -61,7 +62,9 @@ from the checkpoint's optimizer state), as the save itself does.""",
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 try:
     import deepspeed
-    import deepspeed.comm.torch as ds_torch
+
+    # not `import deepspeed.comm.torch as ...`: deepspeed.comm re-exports torch by that name
+    ds_torch = importlib.import_module("deepspeed.comm.torch")
 except (ImportError, OSError) as e:
     print(f"SKIPPED deepspeed does not load here: {type(e).__name__}: {e}")
     sys.exit(0)

@@ -11,6 +11,7 @@ DeepSpeed's CPU backend compiles a shared-memory all-reduce when it starts; this
 that (``build_shm_op`` answers None), which changes nothing below.
 """
 
+import importlib
 import os
 import sys
 from datetime import timedelta
@@ -56,7 +57,9 @@ partitions are `ceil(0 / dp) = 0` elements each), as ZeRO-1/2 handle it.""",
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 try:
     import deepspeed
-    import deepspeed.comm.torch as ds_torch
+
+    # not `import deepspeed.comm.torch as ...`: deepspeed.comm re-exports torch by that name
+    ds_torch = importlib.import_module("deepspeed.comm.torch")
 except (ImportError, OSError) as e:
     print(f"SKIPPED deepspeed does not load here: {type(e).__name__}: {e}")
     sys.exit(0)

@@ -23,6 +23,7 @@ from typing import Any
 
 from conformance.codec import layout_to_json
 from conformance.interface import CheckpointFiles, CheckpointLibrary, Unsupported
+from conformance.interface.worlds import raise_failed, world_outcomes
 from shardspec.metadata import Layout
 
 __all__ = ["ByteCheckpointImpl"]
@@ -37,6 +38,10 @@ COMMITTED = (
 )
 # A world function's limit: a fresh gloo world, a model and a save or load.
 WORLD_TIMEOUT = 180.0
+# Once a rank has raised, how long the others get to finish (run_world's own default): after
+# two worlds in which no rank answered, world_outcomes fails further ones at once, so a stuck
+# runtime costs two timeouts, not one per example.
+ERROR_GRACE = 30.0
 # A load whose other ranks wait in ByteCheckpoint's barrier for a rank that failed: how long
 # the pool waits for them before calling them left waiting.
 DAMAGED_TIMEOUT = 20.0
@@ -152,23 +157,21 @@ class ByteCheckpointImpl(CheckpointFiles, CheckpointLibrary):
     def _model_round_trip(
         self, save: dict[str, Any], load: dict[str, Any], example: str
     ) -> dict[str, dict[int, list[str]]]:
-        from shardspec.testing import run_world
-
         ops = "conformance.peers.bytecheckpoint.ops"
         with tempfile.TemporaryDirectory(prefix="shardspec-bcp-model-") as path:
-            saved = run_world(
+            saved = world_outcomes(
                 f"{ops}:model_save_world", _world(save["mesh"]), path, save["kind"],
-                save["mesh"], timeout=WORLD_TIMEOUT,
+                save["mesh"], timeout=WORLD_TIMEOUT, error_grace=ERROR_GRACE,
             )  # fmt: skip
-            _raise_failed("save", saved, example)
+            raise_failed("save", saved, example)
             wide = {r: v["listening"] for r, (_, v) in saved.items() if v["listening"]}
             assert not wide, f"listening beyond loopback during the save: {wide} [{example}]"
             values = saved[0][1]["saved"]
-            loaded = run_world(
+            loaded = world_outcomes(
                 f"{ops}:model_load_world", _world(load["mesh"]), path, load["kind"],
-                load["mesh"], values, timeout=WORLD_TIMEOUT,
+                load["mesh"], values, timeout=WORLD_TIMEOUT, error_grace=ERROR_GRACE,
             )  # fmt: skip
-            _raise_failed("load", loaded, example)
+            raise_failed("load", loaded, example)
             return {
                 "save": {r: list(v["changed"]) for r, (_, v) in saved.items()},
                 "load": {r: list(v) for r, (_, v) in loaded.items()},
@@ -211,16 +214,15 @@ class ByteCheckpointImpl(CheckpointFiles, CheckpointLibrary):
             return dict.fromkeys(range(load_pool.world_size), "loaded")
 
     def checkpoint_extra_state(self, example: str) -> dict[str, Any]:
-        from shardspec.testing import run_world
-
         with tempfile.TemporaryDirectory(prefix="shardspec-bcp-extra-") as path:
-            res = run_world(
+            res = world_outcomes(
                 "conformance.peers.bytecheckpoint.ops:extra_state_world",
                 1,
                 path,
                 timeout=WORLD_TIMEOUT,
+                error_grace=ERROR_GRACE,
             )
-        _raise_failed("extra state", res, example)
+        raise_failed("extra state", res, example)
         return dict(res[0][1])
 
     def write_test_checkpoint(self, out: str) -> tuple[str, str]:
@@ -240,9 +242,3 @@ def _world(mesh: list[int]) -> int:
     for m in mesh:
         n *= m
     return n
-
-
-def _raise_failed(what: str, results: dict[int, tuple[str, Any]], example: str) -> None:
-    bad = [f"rank {r}: {v}" for r, (status, v) in sorted(results.items()) if status != "ok"]
-    if bad:
-        raise AssertionError(f"the {what} failed [{example}]:\n" + "\n".join(bad))

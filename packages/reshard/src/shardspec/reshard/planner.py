@@ -30,6 +30,7 @@ from shardspec.metadata import Box, Layout, LayoutError, chunk_bounds
 from shardspec.metadata.errors import shorten
 
 from . import index as _index
+from .derived import derived, validated
 from .index import BoxIndex
 
 __all__ = ["Piece", "Plan", "plan"]
@@ -147,13 +148,13 @@ def plan(src: Layout, dst: Layout, rank: int | None = None, *, validate: bool = 
         _require_int64(layout, what)
     if validate:
         try:
-            src.validate()
+            validated(src)
         except LayoutError as e:
             raise LayoutError(
                 f"source layout: {e}", kind=e.kind, shards=e.shards, point=e.point
             ) from e
         try:
-            dst.validate()
+            validated(dst)
         except LayoutError as e:
             raise LayoutError(
                 f"destination layout: {e}", kind=e.kind, shards=e.shards, point=e.point
@@ -205,6 +206,7 @@ class _Distinct:
         shards = layout.shards
         self.offsets: Any = None
         self.stops: Any = None
+        self._index: BoxIndex | None = None
         if len(shards) <= _SMALL:
             self._small(layout)
             return
@@ -285,15 +287,21 @@ class _Distinct:
         return sorted(set(self._group[mine].tolist()))
 
     def index(self, shape: tuple[int, ...]) -> BoxIndex:
-        return BoxIndex(self.boxes, shape, offsets=self.offsets, stops=self.stops)
+        if self._index is None:
+            self._index = BoxIndex(self.boxes, shape, offsets=self.offsets, stops=self.stops)
+        return self._index
+
+
+def _distinct(layout: Layout) -> _Distinct:
+    return derived(layout, "distinct boxes", _Distinct)
 
 
 class _Planner:
     def __init__(self, src: Layout, dst: Layout) -> None:
         self.src = src
         self.dst = dst
-        self.s = _Distinct(src)
-        self.d = _Distinct(dst)
+        self.s = _distinct(src)
+        self.d = _distinct(dst)
         self.src_local = self.s.local
         self.dst_local = self.d.local
         self.src_index = self.s.index(src.shape)

@@ -10,7 +10,8 @@ adapter derives it (``rosters.py``), and ratios are taken within one run.
   ``partition_sizes``, whole layer norms, a column-parallel embedding). Per rank (a training
   and a serving one, the slower; best of ``--reps``): ``build_plan_from_rosters`` on rosters
   already gathered (Megatron's ``all_gather_object`` of every rank's metadata to every rank
-  comes on top, and is not timed) and ``shardspec.refit.plan_refit``.
+  comes on top, and is not timed) and ``shardspec.refit.plan_refit`` with the reshard plan of
+  each of its jobs (the pieces this rank sends and receives, as Megatron's plan lists its ops).
 * **transfer**: that model with ``--layers`` layers of width ``--dim`` in bfloat16 from TP 4
   on 4 colocated gloo ranks into TP 2 x DP 2 on the same ranks, each plan built once and
   reused: Megatron's ``execute_reshard_plan`` with its gloo copy service, ``shardspec.refit``,
@@ -92,6 +93,7 @@ def bench_planning(worlds: list[int], reps: int) -> list[tuple[int, float, float
     from megatron.core.resharding import build_plan_from_rosters  # type: ignore[import-not-found]
 
     from shardspec.refit import plan_refit
+    from shardspec.reshard import plan as reshard_plan
 
     rows = []
     for w in worlds:
@@ -107,6 +109,8 @@ def bench_planning(worlds: list[int], reps: int) -> list[tuple[int, float, float
             for _ in range(reps):
                 t0 = time.perf_counter()
                 p = plan_refit(r, src, dst, rank)
+                for job in p.jobs:  # its pieces, as Megatron's plan lists its ops
+                    reshard_plan(job.src, job.dst, rank)
                 t1 = time.perf_counter()
                 m = build_plan_from_rosters(by_rank, by_name, rank)
                 t2 = time.perf_counter()

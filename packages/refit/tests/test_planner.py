@@ -5,13 +5,14 @@ the full sources, gives the reference's tensors bit for bit."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 from refit_cases import geometric_cases
 
-from shardspec.metadata import Box, Layout, chunk_layout
+from shardspec.metadata import Box, Layout, Shard, chunk_layout
 from shardspec.refit import (
     RefitError,
     Source,
@@ -27,6 +28,7 @@ from shardspec.refit import (
 )
 from shardspec.refit.executor import _as_source
 from shardspec.refit.models import dense_to_vllm, moe_to_vllm
+from shardspec.refit.planner import Job
 from shardspec.refit.recipe import Recipe
 from shardspec.reshard.reference import same_bits
 from shardspec.testing.tensors import random_tensor
@@ -110,6 +112,55 @@ def test_a_plan_names_only_its_own_ranks_boxes(
                 for j, region in job.dst_mine:
                     covered[j] += region.numel
             assert covered == [b.numel for b in tp.boxes]
+
+
+def walked(job: Job, src: Layout, dst: Layout, rank: int) -> tuple[Any, ...]:
+    """A job's layouts and this rank's inputs and outputs by walking every shard of both
+    layouts (the planner asks an index of their boxes instead)."""
+    sub, part = job.sub, job.part
+    shards, mine_src, counts = [], [], dict[int, int]()
+    for s in src.shards:
+        i = counts[s.rank] = counts.get(s.rank, -1) + 1
+        cut = s.box.intersect(sub)
+        if cut is not None:
+            shards.append(Shard(cut.relative_to(sub), s.rank))
+            if s.rank == rank:
+                mine_src.append((i, cut.relative_to(s.box)))
+    out, mine_dst, counts = [], [], {}
+    for s in dst.shards:
+        j = counts[s.rank] = counts.get(s.rank, -1) + 1
+        cut = s.box.intersect(part.region)
+        if cut is not None:
+            out.append(Shard(part.to_source(cut).relative_to(sub), s.rank))
+            if s.rank == rank:
+                mine_dst.append((j, cut))
+    return tuple(shards), tuple(mine_src), tuple(out), tuple(mine_dst)
+
+
+@pytest.mark.rule("REFIT-2")
+@settings(max_examples=80, deadline=None)
+@given(geometric_cases())
+def test_a_jobs_layouts_are_every_shard_cut_to_its_window(
+    case: tuple[Recipe, dict[str, torch.Tensor], dict[str, Layout], dict[str, Layout]],
+) -> None:
+    """Shards in order (local order is part of a layout), replicas, empty boxes and several
+    boxes a rank included: what the reshard executor moves is what walking every shard gives."""
+    r, _, src, dst = case
+    for rank in range(WORLD):
+        for job in plan_refit(r, src, dst, rank).jobs:
+            assert job.part.source is not None
+            shards, mine_src, out, mine_dst = walked(job, src[job.part.source], dst["x"], rank)
+            assert job.dst.shards == out
+            assert job.dst_mine == mine_dst
+            whole = src[job.part.source]
+            if job.sub == Box.full(whole.shape):  # the source as it is, empty boxes and all
+                assert job.src is whole
+                assert job.src_mine == tuple(
+                    (i, Box.full(b.sizes)) for i, b in enumerate(whole.boxes_of(rank))
+                )
+            else:
+                assert job.src.shards == shards
+                assert job.src_mine == mine_src
 
 
 @pytest.mark.rule("REFIT-1")

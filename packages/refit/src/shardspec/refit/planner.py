@@ -14,8 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 
 from shardspec.metadata import Box, Layout, LayoutError, Shard
+from shardspec.reshard.derived import derived, validated
+from shardspec.reshard.index import BoxIndex
 
 from .errors import RefitError
 from .geometry import Part, geometry, value_steps
@@ -64,7 +67,7 @@ def _layout(layouts: Mapping[str, Layout], name: str, side: str) -> Layout:
     if not isinstance(layout, Layout):
         raise RefitError(f"{side} {name!r}: expected a Layout, got {type(layout).__name__}")
     try:
-        layout.validate()
+        validated(layout)
     except LayoutError as e:
         raise RefitError(f"{side} {name!r}: {e}") from None
     return layout
@@ -130,8 +133,11 @@ def plan_refit(
         scale = None
         q = t.quantize
         if q is not None:
-            _check_blocks(t.name, dst, q.block)
-            scale = scale_layout(dst, q.block)
+            # both walk every box: kept with the layout (a failed check raises every time)
+            derived(dst, f"whole {q.block} blocks", partial(_check_blocks, t.name, block=q.block))
+            scale = derived(
+                dst, f"scales of {q.block} blocks", partial(scale_layout, block=q.block)
+            )
             name = t.scale_name
             assert name is not None
             if name in dst_layouts and dst_layouts[name] != scale:
@@ -168,28 +174,67 @@ def _job(key: str, target: str, part: Part, src: Layout, dst: Layout, rank: int)
     else:
         shards: list[Shard] = []
         mine_src: list[tuple[int, Box]] = []
-        counts: dict[int, int] = {}
-        for s in src.shards:
-            i = counts.get(s.rank, 0)
-            counts[s.rank] = i + 1
-            cut = s.box.intersect(sub)
-            if cut is None:
-                continue
-            shards.append(Shard(cut.relative_to(sub), s.rank))
+        held = _index(src)
+        within: dict[Box, Box] = {}  # replicas share their cut: place it once
+        for i, cut in held.meeting(sub):
+            s = held.shards[i]
+            box = within.get(cut)
+            if box is None:
+                box = within[cut] = cut.relative_to(sub)
+            shards.append(Shard(box, s.rank))
             if s.rank == rank:
-                mine_src.append((i, cut.relative_to(s.box)))
+                mine_src.append((held.local[i], cut.relative_to(s.box)))
         job_src = Layout(sub.sizes, shards)
         src_mine = tuple(mine_src)
     out: list[Shard] = []
     dst_mine: list[tuple[int, Box]] = []
-    counts = {}
-    for s in dst.shards:
-        j = counts.get(s.rank, 0)
-        counts[s.rank] = j + 1
-        cut = s.box.intersect(part.region)
-        if cut is None:
-            continue
-        out.append(Shard(part.to_source(cut).relative_to(sub), s.rank))
+    wanted = _index(dst)
+    placed: dict[Box, Box] = {}
+    for j, cut in wanted.meeting(part.region):
+        s = wanted.shards[j]
+        box = placed.get(cut)
+        if box is None:
+            box = placed[cut] = part.to_source(cut).relative_to(sub)
+        out.append(Shard(box, s.rank))
         if s.rank == rank:
-            dst_mine.append((j, cut))
+            dst_mine.append((wanted.local[j], cut))
     return Job(key, target, part, sub, job_src, Layout(sub.sizes, out), src_mine, tuple(dst_mine))
+
+
+class _Shards:
+    """A layout's shards, each one's place in its rank's local order, and an index of their
+    distinct non-empty boxes: a job finds the shards meeting its window in O(log W + hits),
+    where walking every shard made each of a plan's jobs cost O(W) (issue 39's planning)."""
+
+    __slots__ = ("_holders", "_index", "local", "shards")
+
+    def __init__(self, layout: Layout) -> None:
+        self.shards = layout.shards
+        self.local: list[int] = []
+        counts: dict[int, int] = {}
+        holders: dict[Box, list[int]] = {}
+        for i, s in enumerate(self.shards):
+            k = counts.get(s.rank, 0)
+            self.local.append(k)
+            counts[s.rank] = k + 1
+            if not s.box.is_empty:
+                holders.setdefault(s.box, []).append(i)
+        boxes = list(holders)
+        self._holders = [holders[b] for b in boxes]
+        self._index = BoxIndex(boxes, layout.shape)
+
+    def meeting(self, box: Box) -> list[tuple[int, Box]]:
+        """``(position, common box)`` of every shard sharing an element with ``box``, in shard
+        order."""
+        found: list[tuple[int, Box]] = []
+        for k, offsets, sizes in self._index.query_clipped(box):
+            cut = Box(offsets, sizes)  # one object for all holders of a distinct box
+            found.extend((i, cut) for i in self._holders[k])
+        found.sort(key=lambda hit: hit[0])
+        return found
+
+
+def _index(layout: Layout) -> _Shards:
+    # kept by the layout's identity: one index serves every job cut from a layout (the
+    # experts of one stacked tensor) and every plan made while it lives (a refit each step)
+    return derived(layout, "refit shards", _Shards)

@@ -150,9 +150,19 @@ def test_a_jobs_layouts_are_every_shard_cut_to_its_window(
         for job in plan_refit(r, src, dst, rank).jobs:
             assert job.part.source is not None
             shards, mine_src, out, mine_dst = walked(job, src[job.part.source], dst["x"], rank)
-            assert job.dst.shards == out
-            assert job.dst_mine == mine_dst
             whole = src[job.part.source]
+            part = job.part
+            if (
+                whole.shape == dst["x"].shape
+                and part.region == Box.full(whole.shape)
+                and part.dims == tuple(range(whole.ndim))
+                and not any(part.src_offsets)
+            ):  # the destination is the source element for element: its layout as it is
+                assert job.src is whole and job.dst is dst["x"]
+                assert job.dst_mine == tuple(enumerate(dst["x"].boxes_of(rank)))
+            else:
+                assert job.dst.shards == out
+                assert job.dst_mine == mine_dst
             if job.sub == Box.full(whole.shape):  # the source as it is, empty boxes and all
                 assert job.src is whole
                 assert job.src_mine == tuple(

@@ -102,7 +102,7 @@ def bench_planning(worlds: list[int], reps: int) -> list[tuple[int, float, float
         for layout in (*src.values(), *dst.values()):
             layout.validate()  # built and checked once, as a job holds them
         by_rank, by_name = _megatron_rosters(r, src, dst, w)
-        plan_refit(r, src, dst, 0)  # warm: the layouts' rank indexes
+        plan_refit(r, src, dst, 0)  # warm: the given layouts' rank and box indexes
         ours = theirs = 0.0
         for rank in (1, half + 1):
             best_o = best_m = math.inf

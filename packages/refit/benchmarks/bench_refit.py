@@ -416,13 +416,15 @@ def bench_planning(worlds: list[int], experts: int, reps: int) -> list[tuple[int
     """(world, the slowest of a training and a serving rank's best plan time, jobs, the
     larger of the two ranks' own sends and receives). A plan's time is the refit's plan and
     the reshard plan of each of its jobs (what a first refit plans before data moves); the
-    layouts given are built and validated before the clock, as a running job holds them."""
+    layouts given are built, validated and indexed before the clock (what is derived from a
+    layout is kept with it, shardspec.reshard.derived), as a running job holds them; the
+    layouts each plan cuts for its jobs are new every time."""
     rows = []
     for w in worlds:
         r, src, dst = planning_world(w, experts)
         for layout in (*src.values(), *dst.values()):
             layout.validate()  # built and checked once, as a job holds them
-        plan_refit(r, src, dst, 0)  # warm: the layouts' rank indexes
+        plan_refit(r, src, dst, 0)  # warm: the given layouts' rank and box indexes
         worst, jobs, own = 0.0, 0, 0
         for rank in (1, w // 2 + 1):
             best = math.inf

@@ -18,7 +18,7 @@ from functools import partial
 
 from shardspec.metadata import Box, Layout, LayoutError, Shard
 from shardspec.reshard.derived import derived, validated
-from shardspec.reshard.index import BoxIndex
+from shardspec.reshard.distinct import distinct
 
 from .errors import RefitError
 from .geometry import Part, geometry, value_steps
@@ -174,16 +174,17 @@ def _job(key: str, target: str, part: Part, src: Layout, dst: Layout, rank: int)
     else:
         shards: list[Shard] = []
         mine_src: list[tuple[int, Box]] = []
-        held = _index(src)
+        # one index serves every job cut from a layout (the experts of one stacked tensor)
+        held = distinct(src)
         within: dict[Box, Box] = {}  # replicas share their cut: place it once
         for i, cut in held.meeting(sub):
-            s = held.shards[i]
+            r = held.ranks[i]
             box = within.get(cut)
             if box is None:
                 box = within[cut] = cut.relative_to(sub)
-            shards.append(Shard._trusted(box, s.rank))  # a valid layout's rank, a cut box
-            if s.rank == rank:
-                mine_src.append((held.local[i], cut.relative_to(s.box)))
+            shards.append(Shard._trusted(box, r))  # a valid layout's rank, a cut box
+            if r == rank:
+                mine_src.append((held.local[i], cut.relative_to(src.shards[i].box)))
         job_src = Layout(sub.sizes, shards)
         src_mine = tuple(mine_src)
     if job_src is src and _identity(part, src.shape, dst.shape):
@@ -194,15 +195,15 @@ def _job(key: str, target: str, part: Part, src: Layout, dst: Layout, rank: int)
         return Job(key, target, part, sub, src, dst, src_mine, mine)
     out: list[Shard] = []
     dst_mine: list[tuple[int, Box]] = []
-    wanted = _index(dst)
+    wanted = distinct(dst)
     placed: dict[Box, Box] = {}
     for j, cut in wanted.meeting(part.region):
-        s = wanted.shards[j]
+        r = wanted.ranks[j]
         box = placed.get(cut)
         if box is None:
             box = placed[cut] = part.to_source(cut).relative_to(sub)
-        out.append(Shard._trusted(box, s.rank))
-        if s.rank == rank:
+        out.append(Shard._trusted(box, r))
+        if r == rank:
             dst_mine.append((wanted.local[j], cut))
     return Job(key, target, part, sub, job_src, Layout(sub.sizes, out), src_mine, tuple(dst_mine))
 
@@ -215,42 +216,3 @@ def _identity(part: Part, src_shape: tuple[int, ...], dst_shape: tuple[int, ...]
         and not any(part.src_offsets)
         and part.region == Box.full(dst_shape)
     )
-
-
-class _Shards:
-    """A layout's shards, each one's place in its rank's local order, and an index of their
-    distinct non-empty boxes: a job finds the shards meeting its window in O(log W + hits),
-    where walking every shard made each of a plan's jobs cost O(W) (issue 39's planning)."""
-
-    __slots__ = ("_holders", "_index", "local", "shards")
-
-    def __init__(self, layout: Layout) -> None:
-        self.shards = layout.shards
-        self.local: list[int] = []
-        counts: dict[int, int] = {}
-        holders: dict[Box, list[int]] = {}
-        for i, s in enumerate(self.shards):
-            k = counts.get(s.rank, 0)
-            self.local.append(k)
-            counts[s.rank] = k + 1
-            if not s.box.is_empty:
-                holders.setdefault(s.box, []).append(i)
-        boxes = list(holders)
-        self._holders = [holders[b] for b in boxes]
-        self._index = BoxIndex(boxes, layout.shape)
-
-    def meeting(self, box: Box) -> list[tuple[int, Box]]:
-        """``(position, common box)`` of every shard sharing an element with ``box``, in shard
-        order."""
-        found: list[tuple[int, Box]] = []
-        for k, offsets, sizes in self._index.query_clipped(box):
-            cut = Box(offsets, sizes)  # one object for all holders of a distinct box
-            found.extend((i, cut) for i in self._holders[k])
-        found.sort(key=lambda hit: hit[0])
-        return found
-
-
-def _index(layout: Layout) -> _Shards:
-    # kept by the layout's identity: one index serves every job cut from a layout (the
-    # experts of one stacked tensor) and every plan made while it lives (a refit each step)
-    return derived(layout, "refit shards", _Shards)

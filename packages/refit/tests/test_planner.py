@@ -292,6 +292,26 @@ def test_a_destination_of_the_wrong_shape_is_refused_naming_it() -> None:
         plan_refit(r, src, {"x": gap}, 0)
 
 
+@pytest.mark.rule("REFIT-10")
+def test_a_scale_layout_given_must_be_the_blocks_of_its_weights_boxes_in_order() -> None:
+    from shardspec.refit import QuantizeFP8
+
+    r = recipe([Target("w", QuantizeFP8(concat(["w"], 0), (2, 2)))])
+    src = {"w": chunk_layout((4, 4), 0, [0])}
+    w = Layout.from_boxes(
+        (4, 4), [(Box((0, 0), (2, 4)), 1), (Box((2, 0), (2, 4)), 1)]
+    )  # two boxes on rank 1: their scales are its two scale tensors, in this order
+    blocks = [(Box((0, 0), (1, 2)), 1), (Box((1, 0), (1, 2)), 1)]
+    fine = Layout.from_boxes((2, 2), blocks)
+    plan_refit(r, src, {"w": w, "w_scale_inv": fine}, 1)
+    plan_refit(r, src, {"w": w}, 1)  # or left to the planner
+    swapped = Layout.from_boxes((2, 2), blocks[::-1])
+    assert swapped == fine  # the same boxes: only the local order differs
+    for wrong in (swapped, Layout.from_boxes((2, 2), [(Box((0, 0), (2, 2)), 1)]), "rows"):
+        with pytest.raises(RefitError, match=r"'w_scale_inv'.*local order"):
+            plan_refit(r, src, {"w": w, "w_scale_inv": wrong}, 1)  # type: ignore[dict-item]
+
+
 @pytest.mark.rule("REFIT-2")
 def test_recipes_and_plans_need_no_torch() -> None:
     """Planning is plain integers: importing the package, building a recipe and planning a

@@ -140,10 +140,16 @@ def plan_refit(
             )
             name = t.scale_name
             assert name is not None
-            if name in dst_layouts and dst_layouts[name] != scale:
+            given = dst_layouts.get(name, scale)
+            # By fingerprint (kept with each layout): one digest compare a plan, where == built
+            # and compared multisets of W shards; and local order counts, as the j-th scale
+            # tensor of a rank is the scales of its j-th box.
+            if given is not scale and (
+                not isinstance(given, Layout) or given.fingerprint() != scale.fingerprint()
+            ):
                 raise RefitError(
-                    f"destination {name!r}: its layout {dst_layouts[name]!r} is not the blocks "
-                    f"of {t.name!r}'s boxes, {scale!r}"
+                    f"destination {name!r}: its layout {given!r} is not the blocks of "
+                    f"{t.name!r}'s boxes in their local order, {scale!r}"
                 )
         mine = dst.boxes_of(rank)
         zeros: list[tuple[int, Box]] = []

@@ -24,6 +24,7 @@ from shardspec.refit import (
     recipe_from_data,
     recipe_to_data,
     reference,
+    scale_layout,
     unstack,
 )
 from shardspec.refit.executor import _as_source
@@ -292,7 +293,7 @@ def test_a_destination_of_the_wrong_shape_is_refused_naming_it() -> None:
         plan_refit(r, src, {"x": gap}, 0)
 
 
-@pytest.mark.rule("REFIT-10")
+@pytest.mark.rule("REFIT-7")
 def test_a_scale_layout_given_must_be_the_blocks_of_its_weights_boxes_in_order() -> None:
     from shardspec.refit import QuantizeFP8
 
@@ -307,6 +308,11 @@ def test_a_scale_layout_given_must_be_the_blocks_of_its_weights_boxes_in_order()
     plan_refit(r, src, {"w": w}, 1)  # or left to the planner
     swapped = Layout.from_boxes((2, 2), blocks[::-1])
     assert swapped == fine  # the same boxes: only the local order differs
+    # two ranks listed the other way round: each one's local order is the same, so accepted
+    two = Layout.from_boxes((4, 4), [(Box((0, 0), (2, 4)), 1), (Box((2, 0), (2, 4)), 2)])
+    turned = Layout.from_boxes((2, 2), [(Box((1, 0), (1, 2)), 2), (Box((0, 0), (1, 2)), 1)])
+    assert turned.fingerprint() != scale_layout(two, (2, 2)).fingerprint()
+    plan_refit(r, src, {"w": two, "w_scale_inv": turned}, 2)
     for wrong in (swapped, Layout.from_boxes((2, 2), [(Box((0, 0), (2, 2)), 1)]), "rows"):
         with pytest.raises(RefitError, match=r"'w_scale_inv'.*local order"):
             plan_refit(r, src, {"w": w, "w_scale_inv": wrong}, 1)  # type: ignore[dict-item]

@@ -141,12 +141,7 @@ def plan_refit(
             name = t.scale_name
             assert name is not None
             given = dst_layouts.get(name, scale)
-            # By fingerprint (kept with each layout): one digest compare a plan, where == built
-            # and compared multisets of W shards; and local order counts, as the j-th scale
-            # tensor of a rank is the scales of its j-th box.
-            if given is not scale and (
-                not isinstance(given, Layout) or given.fingerprint() != scale.fingerprint()
-            ):
+            if given is not scale and not _same_local_boxes(given, scale):
                 raise RefitError(
                     f"destination {name!r}: its layout {given!r} is not the blocks of "
                     f"{t.name!r}'s boxes in their local order, {scale!r}"
@@ -212,6 +207,22 @@ def _job(key: str, target: str, part: Part, src: Layout, dst: Layout, rank: int)
         if r == rank:
             dst_mine.append((wanted.local[j], cut))
     return Job(key, target, part, sub, job_src, Layout(sub.sizes, out), src_mine, tuple(dst_mine))
+
+
+def _same_local_boxes(given: object, scale: Layout) -> bool:
+    """Whether every rank holds the same boxes in the same local order in both (the j-th
+    scale tensor of a rank holds its j-th weight box's scales; the ranks' interleaving in the
+    shard list does not matter). Equal fingerprints (kept with each layout) settle it in one
+    compare a plan, where == built and compared multisets of W shards."""
+    if not isinstance(given, Layout):
+        return False
+    if given.fingerprint() == scale.fingerprint():
+        return True
+    return (
+        given.shape == scale.shape
+        and given.ranks == scale.ranks
+        and all(given.boxes_of(r) == scale.boxes_of(r) for r in scale.ranks)
+    )
 
 
 def _identity(part: Part, src_shape: tuple[int, ...], dst_shape: tuple[int, ...]) -> bool:

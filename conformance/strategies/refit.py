@@ -29,6 +29,7 @@ from shardspec.refit import (
     Target,
     packed_layout,
     recipe,
+    scale_layout,
 )
 from shardspec.refit.geometry import geometry
 from shardspec.refit.models import dense_to_vllm, moe_to_vllm, padded_vocab
@@ -44,6 +45,7 @@ __all__ = [
     "refusal_cases",
     "tp_layout",
     "tp_reshard_cases",
+    "turned",
 ]
 
 PLACEMENTS = ("colocated", "disjoint", "overlapping")
@@ -328,7 +330,8 @@ FAULTS = ("shape", "missing", "layout", "recipe")
 def refusal_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
     """A refit case of one round and the one thing one rank gets wrong (``fault``, as
     ``Refit.refit_refused`` takes it): a source box of the wrong shape or left out, another
-    destination layout than the other ranks', or a target of the recipe renamed."""
+    destination layout than the other ranks', or a target of the recipe renamed; or, every
+    rank alike, an FP8 target's scale layout that is not its weight's blocks in local order."""
     c = draw(refit_cases(max_world))
     c["rounds"] = c["rounds"][:1]
     world = c["world"]
@@ -343,14 +346,40 @@ def refusal_cases(draw: st.DrawFn, max_world: int = 4) -> dict[str, Any]:
         fault["rank"] = draw(st.integers(0, world - 1))
         if kind == "layout":
             good = c["dst"][fault["name"]]
+            target = next(t for t in c["recipe"].targets if t.name == fault["name"])
+            if target.quantize is not None and draw(st.booleans(), label="its scales"):
+                # REFIT-7: the scales' layout given, and not its weight's blocks in local order
+                assert target.scale_name is not None
+                fault["name"] = target.scale_name
+                good = scale_layout(good, target.quantize.block)
             on = draw(st.integers(0, world - 1))
             alt = Layout.replicated(good.shape, [on])
             if alt == good:  # the same layout: a box held twice is wrong another way
                 alt = Layout.replicated(good.shape, [on, on])
+            other = turned(good)
+            if other is not None and draw(st.booleans(), label="the same boxes, turned"):
+                alt = other  # == the good one: only one rank's local order differs
+            if fault["name"] not in c["dst"]:
+                # the scales' layout is given by every rank alike: REFIT-7's own refusal,
+                # not the ranks' disagreement that one rank's other layout also is
+                c["dst"] = {**c["dst"], fault["name"]: alt}
             fault["layout"] = alt
     c["fault"] = fault
     c["ex"] += f" fault={kind} {fault['name']!r} on rank {fault['rank']}"
     return c
+
+
+def turned(layout: Layout) -> Layout | None:
+    """``layout`` with the local order of the first rank holding two different boxes
+    reversed, or None when no rank does."""
+    for r in layout.ranks:
+        if len(set(layout.boxes_of(r))) > 1:
+            at = [i for i, s in enumerate(layout.shards) if s.rank == r]
+            shards = list(layout.shards)
+            for i, j in zip(at, reversed(at)):
+                shards[i] = layout.shards[j]
+            return Layout(layout.shape, shards)
+    return None
 
 
 KINDS = ("column", "row", "packed", "whole")

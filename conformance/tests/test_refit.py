@@ -31,8 +31,9 @@ from conformance.strategies.refit import (
     refusal_cases,
     tp_layout,
     tp_reshard_cases,
+    turned,
 )
-from shardspec.refit import reference
+from shardspec.refit import reference, scale_layout
 from shardspec.testing.devices import simulated_worlds
 
 # Each example is one or two refits of a whole model on up to 4 ranks: a third of the
@@ -252,12 +253,26 @@ SHORT_K = {
     "ex": GQA_TP2["ex"] + " fault=shape k_proj on rank 1",
 }
 
+_GATE_UP = "model.layers.0.mlp.gate_up_proj.weight"
+_TURNED = turned(scale_layout(FP8_TWICE["dst"][_GATE_UP], (2, 2)))
+# Every rank gives gate_up_proj's scale layout with rank 0's boxes (gate, up: one size) in
+# the other order: the same boxes (== holds), tensors of the right shapes, and the scales of
+# one part would land in the other's tensor (REFIT-7).
+TURNED_SCALES = {
+    **FP8_TWICE,
+    "rounds": FP8_TWICE["rounds"][:1],
+    "dst": {**FP8_TWICE["dst"], _GATE_UP + "_scale_inv": _TURNED},
+    "fault": {"kind": "layout", "name": _GATE_UP + "_scale_inv", "rank": 1, "layout": _TURNED},
+    "ex": FP8_TWICE["ex"] + " fault=layout gate_up_proj's scales turned on every rank",
+}
 
-@pytest.mark.rule("REFIT-6", "REFIT-12")
+
+@pytest.mark.rule("REFIT-6", "REFIT-7", "REFIT-12")
 @pytest.mark.pool
 @REFUSALS
 @given(refusal_cases())
 @example(SHORT_K)
+@example(TURNED_SCALES)
 def test_one_ranks_mistake_is_the_same_refit_error_on_every_rank_before_data_moves(
     impl: Impl, pools: Any, c: dict[str, Any]
 ) -> None:

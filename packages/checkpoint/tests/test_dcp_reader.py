@@ -243,7 +243,7 @@ def test_a_few_rows_of_a_large_chunk_read_only_those_rows(
 
 
 @pytest.mark.rule("CKPT-16")
-@pytest.mark.parametrize("damage", ["missing", "truncated", "wrong-shape"])
+@pytest.mark.parametrize("damage", ["missing", "truncated", "wrong-shape", "not-a-tensor"])
 def test_a_damaged_checkpoint_fails_on_every_rank_naming_file_tensor_and_chunk(
     pools: dict[int, RankPool], tmp_path: Path, damage: str
 ) -> None:
@@ -260,14 +260,19 @@ def test_a_damaged_checkpoint_fails_on_every_rank_naming_file_tensor_and_chunk(
         os.truncate(victim, info.offset + info.length - 100)
         what = "truncated"
     else:
-        # Another tensor's archive in the chunk's place: a (1, 3) int32, padded to length.
+        # Another archive in the chunk's place, padded to length: a (1, 3) int32 tensor, or
+        # no tensor at all (which DCP's own reader, tried next, fails on deep inside).
         buf = io.BytesIO()
-        torch.save(torch.zeros((1, 3), dtype=torch.int32), buf)
+        if damage == "wrong-shape":
+            torch.save(torch.zeros((1, 3), dtype=torch.int32), buf)
+            what = "tensor of size (1, 3), the metadata says torch.int32 of size (2, 3)"
+        else:
+            torch.save({"step": 3}, buf)
+            what = "the item holds a dict, not a tensor"
         assert len(buf.getvalue()) <= info.length
         with open(victim, "r+b") as f:
             f.seek(info.offset)
             f.write(buf.getvalue().ljust(info.length, b"\0"))
-        what = "tensor of size (1, 3), the metadata says torch.int32 of size (2, 3)"
     # Rank 0 of 2 needs rows [0, 4) only, rank 1 rows [4, 8): both must fail.
     answers = pools[2].call(
         load_expecting_error, str(tmp_path), full, ("st", chunk_layout(shape, 0, [0, 1]))

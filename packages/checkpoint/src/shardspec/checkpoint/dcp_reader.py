@@ -131,6 +131,7 @@ class _Chunk:
     length: int
     items: list[ReadItem]
     raw: SavedTensor | None = None  # a ByteCheckpoint chunk: its raw storage's tensor
+    why: str = ""  # why our parse handed it to DCP's reader (said if that one fails too)
 
 
 class FileSystemReader(_DcpFileSystemReader):  # type: ignore[misc]
@@ -279,13 +280,15 @@ class FileSystemReader(_DcpFileSystemReader):  # type: ignore[misc]
                 finally:
                     for f in futures:
                         f.cancel()
+        why: dict[MetadataIndex, str] = {}
         for c in sorted(state.unsupported, key=lambda c: (c.path, c.offset)):
             fallback += c.items
+            why[c.index] = c.why
         stats.chunks = len(chunks) - len(state.unsupported)
         stats.items = len(plan.items) - len(fallback)
         stats.fallback_items = len(fallback)
         for req in fallback:
-            self._read_through_dcp(req, planner)
+            self._read_through_dcp(req, planner, why.get(req.storage_index, ""))
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
@@ -381,16 +384,19 @@ class FileSystemReader(_DcpFileSystemReader):  # type: ignore[misc]
                 _where(full, index, f"its saved tensor pickle cannot be read here: {e}")
             ) from e
 
-    def _read_through_dcp(self, req: ReadItem, planner: LoadPlanner) -> None:
+    def _read_through_dcp(self, req: ReadItem, planner: LoadPlanner, why: str = "") -> None:
         info = self.storage_data[req.storage_index]
         try:
             super().read_data(LoadPlan([req]), planner).wait()
         except Exception as e:
+            # What our parse found first (e.g. "the item holds a dict, not a tensor") names the
+            # fault; DCP's own error is often an AttributeError from deep inside it.
+            found = f"{why}; " if why else ""
             raise CheckpointReadError(
                 _where(
                     str(self.fs.concat_path(self.path, getattr(info, "relative_path", "?"))),
                     req.storage_index,
-                    f"DCP's reader failed: {type(e).__name__}: {e}",
+                    f"{found}DCP's reader failed: {type(e).__name__}: {e}",
                 )
             ) from e
 
@@ -503,6 +509,7 @@ def _run_task(state: _Shared, scratch: _Scratch, path: str, size: int, cs: list[
                 if c.raw is not None:
                     raise CheckpointReadError(_where(path, c.index, str(e))) from e
                 # Found before anything was copied: DCP's own path reads it instead.
+                c.why = str(e)
                 with state.lock:
                     state.unsupported.append(c)
             except CheckpointReadError:
